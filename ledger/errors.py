@@ -1,0 +1,131 @@
+"""The ledger's errors: one table from SQLSTATE to exception class.
+
+The SQL functions raise SQLSTATE class ``LD`` with a JSON object as DETAIL;
+:func:`translate` turns such a psycopg error into the matching class below,
+with the DETAIL facts parsed into ``facts`` (and readable as attributes).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+
+class LedgerError(Exception):
+    """Base of every error the ledger raises on purpose."""
+
+    sqlstate: str = ""
+
+    def __init__(self, message: str, facts: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.facts: dict[str, Any] = facts or {}
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails: expose DETAIL facts as attributes.
+        facts = self.__dict__.get("facts", {})
+        if name in facts:
+            return facts[name]
+        raise AttributeError(name)
+
+
+class LeaseSuperseded(LedgerError):
+    """LD001: the token is no longer the job's current token, or the owner does not hold it."""
+
+    sqlstate = "LD001"
+
+
+class StaleToken(LedgerError):
+    """LD002: a fenced write carries a token lower than the highest accepted."""
+
+    sqlstate = "LD002"
+
+
+class RunNotRunning(LedgerError):
+    """LD003: heartbeat/complete/fail on a run that has already ended."""
+
+    sqlstate = "LD003"
+
+
+class RunNotFound(LedgerError):
+    """LD004: no run with that id."""
+
+    sqlstate = "LD004"
+
+
+class JobNotFound(LedgerError):
+    """LD005: a schedule function names a job that was never registered."""
+
+    sqlstate = "LD005"
+
+
+class InvalidArgument(LedgerError, ValueError):
+    """22004 (a required argument is NULL) or 22023 (an invalid value)."""
+
+    sqlstate = "22023"
+
+
+ERRORS: dict[str, type[LedgerError]] = {
+    "LD001": LeaseSuperseded,
+    "LD002": StaleToken,
+    "LD003": RunNotRunning,
+    "LD004": RunNotFound,
+    "LD005": JobNotFound,
+    "22004": InvalidArgument,
+    "22023": InvalidArgument,
+}
+
+
+def translate(error: psycopg.Error) -> LedgerError | None:
+    """The ledger exception for a psycopg error, or None when it is not one of ours."""
+    cls = ERRORS.get(error.sqlstate or "")
+    if cls is None:
+        return None
+    diag = error.diag
+    facts: dict[str, Any] = {}
+    if diag.message_detail:
+        try:
+            parsed = json.loads(diag.message_detail)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            facts = parsed
+    translated = cls(diag.message_primary or str(error), facts)
+    translated.sqlstate = error.sqlstate or cls.sqlstate
+    return translated
+
+
+class LeaseLost(LedgerError):
+    """Client side: this run or lease context knows its lease is gone.
+
+    Raised by ``run.fence(...)``/``run.check()`` once a heartbeat found the lease
+    lost (or a fence or the end of the run did), so no further fenced write
+    leaves this process. Its cause, when there is one, is the ledger error that
+    told. ``reason`` says how it was learnt; ``facts`` hold job, token, run_id.
+    """
+
+    sqlstate = ""
+
+    def __init__(self, message: str, facts: dict[str, Any] | None = None, reason: str = "") -> None:
+        super().__init__(message, facts)
+        self.reason = reason
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Run a ledger call; re-raise a ledger SQLSTATE as its exception class, ``from`` the psycopg error.
+
+    Other errors (connection failures, SQL errors that are not ours) pass unchanged.
+    Works around ``await`` too: the translation itself does no I/O.
+    """
+    try:
+        yield
+    except psycopg.Error as error:
+        ledger_error = translate(error)
+        if ledger_error is None:
+            raise
+        raise ledger_error from error

@@ -1,0 +1,119 @@
+"""A private PostgreSQL cluster for tests that crash or promote a server.
+
+PostgreSQL refuses to run as root, so when the tests run as root the server
+binaries run as the `postgres` user, in a temporary directory it owns.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from ledger.resources import install_sql
+
+
+def _bindir() -> Path | None:
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).resolve().parent
+    debian = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    return debian[-1].parent if debian else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Cluster:
+    def __init__(self, root: Path, name: str) -> None:
+        bindir = _bindir()
+        if bindir is None:
+            pytest.skip("needs PostgreSQL server binaries (initdb, pg_ctl) for a private cluster")
+        self.bindir = bindir
+        self.datadir = root / name
+        self.logfile = root / f"{name}.log"
+        self.port = _free_port()
+        self.root = root
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        command = list(args)
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        return subprocess.run(command, check=check, capture_output=True, text=True, timeout=120)
+
+    def initdb(self) -> "Cluster":
+        self._run(str(self.bindir / "initdb"), "-D", str(self.datadir), "-U", "postgres",
+                  "--auth=trust", "--no-sync")
+        return self
+
+    def configure(self, **settings: object) -> None:
+        with open(self.datadir / "postgresql.auto.conf", "a") as conf:
+            for key, val in settings.items():
+                conf.write(f"{key} = '{val}'\n")
+
+    def start(self) -> None:
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w",
+                  "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop", check=False)
+
+    def promote(self) -> None:
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-w", "promote")
+
+    def basebackup_into(self, standby: "Cluster") -> None:
+        self._run(str(self.bindir / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+                  "-D", str(standby.datadir), "-R", "-X", "stream", "--no-sync")
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
+
+    def connect(self, **kwargs: object) -> psycopg.Connection:
+        return psycopg.connect(self.dsn(), autocommit=True, **kwargs)  # type: ignore[arg-type]
+
+    def install_ledger(self) -> None:
+        with self.connect() as conn:
+            conn.execute(install_sql())  # type: ignore[arg-type]
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with self.connect() as conn:
+                    if not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:  # type: ignore[index]
+                        return
+            except psycopg.OperationalError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cluster on port {self.port} not ready: {self.logfile.read_text()[-2000:]}")
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def cluster_root():
+    root = Path(tempfile.mkdtemp(prefix="ledger-cluster-"))
+    if os.geteuid() == 0:
+        pw = pwd.getpwnam("postgres")
+        os.chown(root, pw.pw_uid, pw.pw_gid)
+    clusters: list[Cluster] = []
+
+    def make(name: str) -> Cluster:
+        cluster = Cluster(root, name)
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.stop("immediate")
+    shutil.rmtree(root, ignore_errors=True)

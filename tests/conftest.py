@@ -1,0 +1,124 @@
+"""Test harness: a real PostgreSQL, a template database with the ledger
+installed once per session, and a fresh clone of it for every test.
+
+The server is the one named by the standard PG* variables (default
+127.0.0.1:5432, user postgres). When none answers, the embedded server from
+the `embedded` extra (pgserver) is started, so the suite also runs on a laptop
+without PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+from pytest_postgresql.janitor import DatabaseJanitor
+
+from ledger.resources import install_sql
+
+
+@dataclass(frozen=True)
+class Server:
+    host: str
+    port: int
+    user: str
+    password: str | None
+    embedded: bool = False
+
+    def dsn(self, dbname: str, **extra: object) -> str:
+        return make_conninfo(
+            host=self.host, port=self.port, user=self.user, password=self.password or None,
+            dbname=dbname, **extra)
+
+
+def _running_server() -> Server | None:
+    server = Server(
+        host=os.environ.get("PGHOST", "127.0.0.1"),
+        port=int(os.environ.get("PGPORT", "5432")),
+        user=os.environ.get("PGUSER", "postgres"),
+        password=os.environ.get("PGPASSWORD"),
+    )
+    if os.environ.get("LEDGER_TEST_EMBEDDED"):
+        return None
+    try:
+        with psycopg.connect(server.dsn("postgres", connect_timeout=3)):
+            return server
+    except psycopg.OperationalError:
+        return None
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Server]:
+    server = _running_server()
+    if server is not None:
+        yield server
+        return
+    try:
+        import pgserver  # the `embedded` extra
+    except ImportError:  # pragma: no cover - depends on the machine
+        pytest.exit("no PostgreSQL answers at PGHOST/PGPORT and pgserver is not installed "
+                    "(pip install -e '.[embedded,test]')", returncode=3)
+    datadir = tempfile.mkdtemp(prefix="ledger-test-pg-")
+    embedded = pgserver.get_server(datadir, cleanup_mode="stop")
+    info = psycopg.conninfo.conninfo_to_dict(embedded.get_uri())
+    yield Server(host=str(info.get("host")), port=int(info.get("port") or 5432),
+                 user=str(info.get("user") or "postgres"), password=None, embedded=True)
+    embedded.cleanup()
+
+
+_counter = itertools.count()
+
+
+def _janitor(server: Server, dbname: str, **kwargs: object) -> DatabaseJanitor:
+    return DatabaseJanitor(user=server.user, host=server.host, port=server.port,
+                           password=server.password, dbname=dbname, **kwargs)  # type: ignore[arg-type]
+
+
+def _load_ledger(host: str, port: int, user: str, dbname: str, password: str | None, **_: object) -> None:
+    with psycopg.connect(host=host, port=port, user=user, dbname=dbname, password=password) as conn:
+        conn.execute(install_sql())  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def ledger_template(pg_server: Server) -> Iterator[str]:
+    """A template database with the ledger installed, built once per session."""
+    name = f"ledger_tmpl_{os.getpid()}"
+    janitor = _janitor(pg_server, name, as_template=True)
+    with janitor:
+        janitor.load(_load_ledger)
+        yield name
+
+
+@pytest.fixture
+def dsn(pg_server: Server, ledger_template: str) -> Iterator[str]:
+    """A fresh clone of the template for this test; its conninfo string."""
+    name = f"ledger_test_{os.getpid()}_{next(_counter)}"
+    with _janitor(pg_server, name, template_dbname=ledger_template):
+        yield pg_server.dsn(name)
+
+
+@pytest.fixture
+def connect(dsn: str) -> Iterator[Callable[..., psycopg.Connection]]:
+    """Open more connections to the test database; all closed at teardown."""
+    opened: list[psycopg.Connection] = []
+
+    def _connect(autocommit: bool = True, **kwargs: object) -> psycopg.Connection:
+        conn = psycopg.connect(dsn, autocommit=autocommit, **kwargs)  # type: ignore[arg-type]
+        opened.append(conn)
+        return conn
+
+    yield _connect
+    for conn in opened:
+        conn.close()
+
+
+@pytest.fixture
+def db(connect: Callable[..., psycopg.Connection]) -> psycopg.Connection:
+    """An autocommit connection to a fresh ledger database."""
+    return connect()
