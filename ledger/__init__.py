@@ -4,23 +4,43 @@ All semantics live in PL/pgSQL functions in schema ``ledger`` (see ``sql/``);
 this package is a thin layer over them.
 """
 
+from ledger.aio import AsyncLeaseContext, AsyncLedger, AsyncRunContext, AsyncScheduledJob
+from ledger.client import LeaseContext, Ledger, RunContext, ScheduledJob
 from ledger.errors import (
     InvalidArgument,
     JobNotFound,
+    LeaseLost,
     LeaseSuperseded,
     LedgerError,
     RunNotFound,
     RunNotRunning,
     StaleToken,
 )
+from ledger.identity import default_owner
+from ledger.models import Job, JobStatus, Lease, Run, RunStart
 
 __all__ = [
+    "AsyncLeaseContext",
+    "AsyncLedger",
+    "AsyncRunContext",
+    "AsyncScheduledJob",
     "InvalidArgument",
+    "Job",
     "JobNotFound",
+    "JobStatus",
+    "Lease",
+    "LeaseContext",
+    "LeaseLost",
     "LeaseSuperseded",
+    "Ledger",
     "LedgerError",
+    "Run",
+    "RunContext",
     "RunNotFound",
     "RunNotRunning",
+    "RunStart",
+    "ScheduledJob",
     "StaleToken",
+    "default_owner",
 ]
 __version__ = "0.1.0"

@@ -21,8 +21,7 @@ DECLARE
     v_timeline integer;
     v_lease    ledger.leases;
     v_running  ledger.job_execution_log;
-    v_run_id   bigint;
-    v_lost     bigint := 0;
+    v_lost     bigint := 0::bigint;
     v_result   ledger.run_start;
 BEGIN
     PERFORM ledger._check_label(job, 'job');
@@ -369,7 +368,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_now    timestamptz := clock_timestamp();
-    v_closed integer;
+    v_closed bigint;
 BEGIN
     PERFORM ledger._check_label(job, 'job', false);
     -- SKIP LOCKED: a job whose lease row is locked is being started, renewed
@@ -407,7 +406,7 @@ BEGIN
             leases_lost = c.leases_lost + excluded.leases_lost
     )
     SELECT count(*) INTO v_closed FROM closed;
-    RETURN v_closed;
+    RETURN v_closed::integer;
 END
 $$;
 COMMENT ON FUNCTION ledger.reap_expired(text) IS

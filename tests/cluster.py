@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from ledger.resources import install_sql
+from ledger.migrate import install_script
 
 
 def _bindir() -> Path | None:
@@ -84,7 +84,7 @@ class Cluster:
 
     def install_ledger(self) -> None:
         with self.connect() as conn:
-            conn.execute(install_sql())  # type: ignore[arg-type]
+            conn.execute(install_script())  # type: ignore[arg-type]
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -20,7 +20,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 from pytest_postgresql.janitor import DatabaseJanitor
 
-from ledger.resources import install_sql
+from ledger.migrate import install_script
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,11 @@ def _janitor(server: Server, dbname: str, **kwargs: object) -> DatabaseJanitor:
 
 
 def _load_ledger(host: str, port: int, user: str, dbname: str, password: str | None, **_: object) -> None:
-    with psycopg.connect(host=host, port=port, user=user, dbname=dbname, password=password) as conn:
-        conn.execute(install_sql())  # type: ignore[arg-type]
+    # What psql users get: sql/ plus the version table stamped at head. The
+    # script has its own BEGIN/COMMIT, hence autocommit.
+    with psycopg.connect(host=host, port=port, user=user, dbname=dbname, password=password,
+                         autocommit=True) as conn:
+        conn.execute(install_script())  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,7 @@ SELECT (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job), '[]') FROM ledger
     || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.resource), '[]') FROM ledger.fences t)
     || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.run_id), '[]') FROM ledger.job_execution_log t)
     || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job), '[]') FROM ledger.counters t)
+    || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job, t.first_slot), '[]') FROM ledger.skipped_slots t)
 """
 
 

@@ -49,12 +49,21 @@ def test_a_client_role_uses_the_api_and_reads_the_tables(db, app_role):
     one(db, "SELECT * FROM ledger.complete_run(%s, %s)", (started["run_id"], started["token"]))
 
 
-def test_a_client_role_cannot_call_internal_helpers(db, app_role):
+def test_a_client_role_cannot_call_internal_helpers_that_touch_tables(db, app_role):
     db.execute(f"SET ROLE {app_role}")
-    with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        db.execute("SELECT ledger._next_token(1, 1, 1)")
-    with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        db.execute("SELECT ledger._count('nightly', failures => -1)")
+    for call in ("ledger._count('nightly', failures => 1)", "ledger._close_run(1, 'superseded', now())",
+                 "ledger._newest_done_slot('nightly')", "ledger._make_durable()"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            db.execute(f"SELECT {call}")
+
+
+def test_only_pure_immutable_helpers_are_granted_to_the_roles(db):
+    granted = db.execute("""
+        SELECT p.oid::regprocedure::text FROM pg_proc p
+         WHERE p.pronamespace = 'ledger'::regnamespace AND p.proname LIKE E'\\\\_%'
+           AND has_function_privilege('ledger_reader', p.oid, 'EXECUTE')
+           AND p.provolatile <> 'i'""").fetchall()
+    assert granted == []
 
 
 def test_the_reader_role_reads_but_cannot_call_the_api(db):

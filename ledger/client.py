@@ -1,0 +1,767 @@
+"""The synchronous Python client: ``Ledger`` and its run and lease contexts.
+
+A thin layer over the SQL functions of schema ``ledger``: every decision
+(who holds a lease, whether a run starts, which slot is due, whether a token is
+stale) is made by those functions. The client adds the ``with`` block, the
+heartbeat loop and typed results.
+
+Connections:
+
+- ``Ledger(conn)``: plain calls (``acquire``, ``register_job``, ...) run on
+  ``conn``; on a connection outside a transaction they commit at once, inside
+  one they join it (as a savepoint). A run or lease context opens one
+  connection of its own from the same conninfo (or ``heartbeat_conninfo``) for
+  its start, heartbeats and end, and closes it at the end: the heartbeat never
+  shares a connection with a transaction of the caller.
+- ``Ledger(pool)``: each plain call borrows a pool connection; a context holds
+  one pool connection for its whole life (so the heartbeat never waits for a
+  busy pool).
+- ``Ledger("dsn")``: as with a pool, one that the ledger opens and owns; close
+  it with ``ledger.close()`` or ``with Ledger(dsn) as ledger:``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import BaseRowFactory, class_row, dict_row, scalar_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from ledger import queries
+from ledger.errors import LeaseLost, LeaseSuperseded, RunNotRunning, translated
+from ledger.heartbeat import Heartbeat, LeaseState, OnLost, beat_interval
+from ledger.identity import default_owner
+from ledger.models import Job, JobStatus, Lease, Run, RunStart
+
+__all__ = [
+    "Ledger",
+    "LeaseContext",
+    "RunContext",
+    "ScheduledJob",
+    "advance_fence",
+    "fence",
+]
+
+log = logging.getLogger("ledger")
+
+R = TypeVar("R")
+T = TypeVar("T")
+P = ParamSpec("P")
+
+Connection = psycopg.Connection[Any]
+
+
+# -- executing one call -----------------------------------------------------
+
+def execute_own(conn: Connection, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R]) -> list[R]:
+    """A ledger call that commits by itself when ``conn`` is outside a transaction.
+
+    Inside a transaction of the caller it becomes a savepoint of it (psycopg's
+    ``transaction()`` nesting): the caller's transaction decides.
+    """
+    with translated():
+        if conn.autocommit:
+            with conn.cursor(row_factory=row_factory) as cur:
+                cur.execute(query, params)
+                return cur.fetchall()
+        with conn.transaction(), conn.cursor(row_factory=row_factory) as cur:
+            cur.execute(query, params)
+            return cur.fetchall()
+
+
+def execute_in(conn: Connection, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R]) -> list[R]:
+    """A ledger call that belongs to the caller's transaction on ``conn`` (a fence)."""
+    with translated(), conn.cursor(row_factory=row_factory) as cur:
+        cur.execute(query, params)
+        return cur.fetchall()
+
+
+def jsonb(detail: Mapping[str, Any] | None) -> Jsonb | None:
+    return None if detail is None else Jsonb(dict(detail))
+
+
+def describe(exc: BaseException) -> str:
+    """The text a failed or cancelled run records: ``Type: message``."""
+    text = str(exc)
+    name = type(exc).__qualname__
+    return f"{name}: {text}" if text else name
+
+
+def split_time_left(row: dict[str, Any]) -> tuple[dict[str, Any], timedelta | None]:
+    values = dict(row)
+    return values, values.pop("time_left")
+
+
+def run_start(row: dict[str, Any]) -> tuple[RunStart, timedelta | None]:
+    values, time_left = split_time_left(row)
+    return RunStart(**values), time_left
+
+
+def conninfo_of(conn: Connection) -> str:
+    """The conninfo of ``conn`` for a second connection; ``info.dsn`` omits the password."""
+    password = conn.info.password
+    return make_conninfo(conn.info.dsn, password=password) if password else conn.info.dsn
+
+
+# -- fences in the caller's transaction -------------------------------------
+
+def fence(conn: Connection, resource: str, token: int) -> int:
+    """``ledger.fence`` (lenient) in the caller's transaction on ``conn``; StaleToken when lower."""
+    rows = execute_in(conn, queries.FENCE, {"resource": resource, "token": token}, scalar_row)
+    return int(rows[0])
+
+
+def advance_fence(conn: Connection, resource: str, token: int) -> bool:
+    """``ledger.advance_fence`` (strict) in the caller's transaction on ``conn``."""
+    rows = execute_in(conn, queries.ADVANCE_FENCE, {"resource": resource, "token": token}, scalar_row)
+    return bool(rows[0])
+
+
+class _Control:
+    """A context's own connection: its start, heartbeats and end, never the caller's transactions.
+
+    Opened on first use; a broken connection is given back and replaced on the
+    next call, so a heartbeat survives a dropped connection.
+    """
+
+    def __init__(self, connect: Callable[[], Connection], give_back: Callable[[Connection], None]) -> None:
+        self._connect = connect
+        self._give_back = give_back
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+
+    def execute(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R]) -> list[R]:
+        with self._lock:
+            if self._conn is not None and (self._conn.closed or self._conn.broken):
+                self._release()
+            if self._conn is None:
+                self._conn = self._connect()
+            return execute_own(self._conn, query, params, row_factory)
+
+    def close(self) -> None:
+        with self._lock:
+            self._release()
+
+    def _release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                self._give_back(conn)
+            except Exception:  # closing a dead connection may fail; it is gone either way
+                log.debug("closing a context connection failed", exc_info=True)
+
+
+# -- contexts ---------------------------------------------------------------
+
+class _Holding:
+    """What a run and a lease context share: the own connection, the heartbeat, the lost state."""
+
+    def __init__(self, ledger: Ledger, job: str, on_lost: OnLost | None) -> None:
+        self._ledger = ledger
+        self.lost = threading.Event()
+        """Set as soon as the lease is known lost (by a heartbeat, a fence or the end)."""
+        self._state = LeaseState(job, ledger.owner, on_lost, signal=self.lost.set)
+        self._control: _Control | None = None
+        self._heartbeat: Heartbeat | None = None
+        self._open = False
+
+    @property
+    def job(self) -> str:
+        return self._state.job
+
+    @property
+    def owner(self) -> str:
+        return self._state.owner
+
+    @property
+    def token(self) -> int | None:
+        return self._state.token
+
+    @property
+    def lost_error(self) -> LeaseLost | None:
+        """The LeaseLost error once the lease is known lost, else None."""
+        return self._state.lost_error() if self._state.is_lost else None
+
+    def check(self, *, remote: bool = False) -> None:
+        """Raise LeaseLost when the lease is known lost; with ``remote``, ask the ledger too.
+
+        The local check is free: call it between steps of a long body.
+        """
+        token = self._require_token()
+        self._state.raise_if_lost()
+        if remote:
+            if self._control is None or not self._open:
+                raise RuntimeError(f"the context of job {self.job} has ended")
+            try:
+                self._control.execute(queries.ASSERT_CURRENT, {"job": self.job, "token": token}, scalar_row)
+            except LeaseSuperseded as error:
+                raise self._state.mark_lost("assert_current refused the token", error) from error
+
+    def fence(self, conn: Connection, resource: str) -> int:
+        """Move ``resource``'s fence to this token inside the caller's transaction on ``conn``.
+
+        Checks the lease first (``ledger.assert_current``, then ``ledger.fence``,
+        one statement): LeaseLost when the lease is gone, StaleToken when a
+        higher token already wrote. Call it in the transaction of the write it
+        protects, so that both commit or neither does.
+        """
+        return int(self._fenced(conn, queries.CHECKED_FENCE, resource))
+
+    def advance_fence(self, conn: Connection, resource: str) -> bool:
+        """The strict fence (one write per token): False when this token or a higher one already wrote."""
+        return bool(self._fenced(conn, queries.CHECKED_ADVANCE_FENCE, resource))
+
+    def _fenced(self, conn: Connection, query: str, resource: str) -> Any:
+        token = self._require_token()
+        self._state.raise_if_lost()
+        params = {"job": self.job, "token": token, "resource": resource}
+        try:
+            rows = execute_in(conn, query, params, scalar_row)
+        except LeaseSuperseded as error:
+            raise self._state.mark_lost("the fence found the token no longer current", error) from error
+        return rows[0]
+
+    def _require_token(self) -> int:
+        if self._state.token is None:
+            raise RuntimeError(f"job {self.job}: this context does not hold the lease ({self._not_held()})")
+        return self._state.token
+
+    def _not_held(self) -> str:
+        return "not entered"
+
+    def _start_heartbeat(self, interval: timedelta | None, ttl: timedelta | None,
+                         time_left: timedelta | None, beat: Callable[[], timedelta | None]) -> None:
+        assert time_left is not None
+        self._heartbeat = Heartbeat(
+            beat=beat, interval=beat_interval(interval, ttl, time_left), time_left=time_left,
+            state=self._state, name=f"ledger-heartbeat:{self.job}:{self.token}")
+        self._heartbeat.start()
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+
+    def _close_control(self) -> None:
+        if self._control is not None:
+            self._control.close()
+
+
+class RunContext(_Holding):
+    """One run of a job: ``start_run`` on enter, heartbeats, ``complete_run``/``fail_run``/``cancel_run`` on exit.
+
+    ``started`` is False when the ledger did not start the run (``outcome`` says
+    why: ``skipped_overlap`` with ``holder``/``holder_expires_at``,
+    ``already_done``, ``paused``, ``nothing_due``); the body should return.
+    That is not an error: nothing is logged as failed.
+
+    On exit: normal exit completes the run; an Exception fails it with the
+    exception's text and propagates; KeyboardInterrupt, SystemExit and other
+    BaseExceptions cancel it (``failure_reason = 'cancelled'``) and propagate.
+    When the ledger refuses to complete because the lease was lost (LD001,
+    LD003), a normal exit raises LeaseLost. ``result`` is the ended run's row.
+    ``detail`` (a dict the body may fill) is merged into the run's detail.
+    """
+
+    def __init__(self, ledger: Ledger, job: str, *, ttl: timedelta | None = None,
+                 slot: datetime | None = None, idempotency_key: str | None = None,
+                 detail: Mapping[str, Any] | None = None, heartbeat_interval: timedelta | None = None,
+                 on_lost: OnLost | None = None, due: bool = False) -> None:
+        super().__init__(ledger, job, on_lost)
+        self._ttl = ttl
+        self._slot = slot
+        self._idempotency_key = idempotency_key
+        self._start_detail = detail
+        self._heartbeat_interval = heartbeat_interval
+        self._due = due
+        self._begun = False
+        self.start: RunStart | None = None
+        """The ``ledger.run_start`` row, once entered."""
+        self.result: Run | None = None
+        """The run's log row after exit (None when it did not start or could not end)."""
+        self.detail: dict[str, Any] = {}
+        """Facts for the run's log row, sent with complete/fail (merged into its detail)."""
+
+    # The run_start row, flattened.
+    @property
+    def outcome(self) -> str | None:
+        return None if self.start is None else self.start.outcome
+
+    @property
+    def started(self) -> bool:
+        return self.start is not None and self.start.started
+
+    @property
+    def run_id(self) -> int | None:
+        return self._state.run_id
+
+    @property
+    def expires_at(self) -> datetime | None:
+        return None if self.start is None else self.start.expires_at
+
+    @property
+    def slot(self) -> datetime | None:
+        return self._slot if self.start is None else self.start.slot
+
+    @property
+    def holder(self) -> str | None:
+        return None if self.start is None else self.start.holder
+
+    @property
+    def holder_expires_at(self) -> datetime | None:
+        return None if self.start is None else self.start.holder_expires_at
+
+    @property
+    def is_open(self) -> bool:
+        """Started and not yet ended."""
+        return self._open
+
+    def _not_held(self) -> str:
+        return "not entered" if self.start is None else f"outcome {self.start.outcome}"
+
+    def __enter__(self) -> RunContext:
+        if not self._begun:
+            self._begin()
+        elif not self._open:
+            raise RuntimeError("a run context can be entered only once")
+        return self
+
+    def _begin(self) -> None:
+        self._begun = True
+        control = self._ledger._open_control()
+        self._control = control
+        try:
+            if self._due:
+                params: dict[str, Any] = {"job": self.job, "owner": self.owner, "ttl": self._ttl}
+                row = control.execute(queries.START_DUE_RUN, params, dict_row)[0]
+            else:
+                params = {"job": self.job, "owner": self.owner, "ttl": self._ttl, "slot": self._slot,
+                          "idempotency_key": self._idempotency_key, "detail": jsonb(self._start_detail)}
+                row = control.execute(queries.START_RUN, params, dict_row)[0]
+            start, time_left = run_start(row)
+        except BaseException:
+            control.close()
+            raise
+        self.start = start
+        if not start.started:
+            control.close()
+            return
+        self._state.token = start.token
+        self._state.run_id = start.run_id
+        self._open = True
+        try:
+            self._start_heartbeat(self._heartbeat_interval, self._ttl, time_left, self._beat)
+        except BaseException as error:
+            # Interrupted between start_run and the heartbeat: do not leave a running row behind.
+            self._end(error)
+            raise
+
+    def _beat(self) -> timedelta | None:
+        assert self._control is not None
+        row = self._control.execute(
+            queries.HEARTBEAT, {"run_id": self.run_id, "token": self.token, "ttl": self._ttl}, dict_row)[0]
+        return None if row["expires_at"] is None else row["time_left"]
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._open:
+            self._end(exc)
+
+    def _end(self, exc: BaseException | None, error_text: str | None = None) -> None:
+        self._open = False
+        self._stop_heartbeat()
+        assert self._control is not None
+        params: dict[str, Any] = {"run_id": self.run_id, "token": self.token}
+        try:
+            if exc is None:
+                query = queries.COMPLETE_RUN
+                params["detail"] = jsonb(self.detail or None)
+            elif isinstance(exc, Exception):
+                query = queries.FAIL_RUN
+                params["error"] = error_text or describe(exc)
+                params["detail"] = jsonb(self.detail or None)
+            else:
+                query = queries.CANCEL_RUN
+                params["error"] = error_text or describe(exc)
+            self.result = self._control.execute(query, params, class_row(Run))[0]
+        except (LeaseSuperseded, RunNotRunning) as error:
+            lost = self._state.mark_lost("the ledger refused to end the run", error)
+            if exc is None:
+                raise lost from error
+            log.warning("run %s of job %s could not record its end: %s", self.run_id, self.job, error)
+        except Exception as error:
+            if exc is None:
+                raise
+            log.warning("run %s of job %s could not record its end: %s", self.run_id, self.job, error)
+        finally:
+            self._close_control()
+
+
+class LeaseContext(_Holding):
+    """A plain lease (``acquire``/``renew``/``release``), without the execution log.
+
+    ``acquired`` is False when another owner holds the job; the body should
+    return. While held, the lease is renewed every ttl/3 on the context's own
+    connection; on exit it is released. A normal exit whose release finds the
+    lease no longer held raises LeaseLost.
+    """
+
+    def __init__(self, ledger: Ledger, job: str, *, ttl: timedelta | None = None,
+                 renew_interval: timedelta | None = None, on_lost: OnLost | None = None) -> None:
+        super().__init__(ledger, job, on_lost)
+        self._ttl = ttl
+        self._renew_interval = renew_interval
+        self._entered = False
+        self.lease: Lease | None = None
+        """The ``ledger.lease`` row when acquired."""
+        self.released: bool | None = None
+        """What ``ledger.release`` answered on exit."""
+
+    @property
+    def acquired(self) -> bool:
+        return self.lease is not None
+
+    @property
+    def expires_at(self) -> datetime | None:
+        return None if self.lease is None else self.lease.expires_at
+
+    def _not_held(self) -> str:
+        return "not entered" if not self._entered else "not acquired"
+
+    def __enter__(self) -> LeaseContext:
+        if self._entered:
+            raise RuntimeError("a lease context can be entered only once")
+        self._entered = True
+        control = self._ledger._open_control()
+        self._control = control
+        try:
+            rows = control.execute(queries.ACQUIRE, {"job": self.job, "owner": self.owner, "ttl": self._ttl},
+                                   dict_row)
+        except BaseException:
+            control.close()
+            raise
+        if not rows:
+            control.close()
+            return self
+        values, time_left = split_time_left(rows[0])
+        self.lease = Lease(**values)
+        self._state.token = self.lease.token
+        self._open = True
+        try:
+            self._start_heartbeat(self._renew_interval, self._ttl, time_left, self._renew)
+        except BaseException:
+            self._release(None)
+            raise
+        return self
+
+    def _renew(self) -> timedelta | None:
+        assert self._control is not None
+        row = self._control.execute(
+            queries.RENEW, {"job": self.job, "owner": self.owner, "token": self.token, "ttl": self._ttl},
+            dict_row)[0]
+        return None if row["expires_at"] is None else row["time_left"]
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._open:
+            self._release(exc)
+
+    def _release(self, exc: BaseException | None) -> None:
+        self._open = False
+        self._stop_heartbeat()
+        assert self._control is not None
+        try:
+            self.released = bool(self._control.execute(
+                queries.RELEASE, {"job": self.job, "owner": self.owner, "token": self.token}, scalar_row)[0])
+        except Exception as error:
+            if exc is None:
+                raise
+            log.warning("lease of job %s could not be released: %s", self.job, error)
+        finally:
+            self._close_control()
+        if self.released is False:
+            lost = self._state.mark_lost("the lease was no longer held at release")
+            if exc is None:
+                raise lost
+
+
+# -- the decorator ------------------------------------------------------------
+
+class ScheduledJob(Generic[P, T]):
+    """A function registered as a scheduled job; calling it runs the job's due slots.
+
+    The function takes the run context first (``run.slot`` is the slot it
+    serves, ``run.fence`` guards its writes). ``register()`` upserts the job
+    (``ledger.register_job``); the first call does it once per process, never
+    at import. A call loops on ``start_due_run`` (see :meth:`Ledger.catch_up`)
+    and returns the function's results, oldest slot first; an exception fails
+    that run and propagates.
+    """
+
+    def __init__(self, ledger: Ledger, fn: Callable[Concatenate[RunContext, P], T], *, job: str,
+                 schedule: str | None, ttl: timedelta | None, max_backfill: int, time_zone: str,
+                 heartbeat_interval: timedelta | None, on_lost: OnLost | None) -> None:
+        self.ledger = ledger
+        self.fn = fn
+        self.job = job
+        self.schedule = schedule
+        self.ttl = ttl
+        self.max_backfill = max_backfill
+        self.time_zone = time_zone
+        self._heartbeat_interval = heartbeat_interval
+        self._on_lost = on_lost
+        self._registered = False
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn)
+
+    def register(self) -> Job:
+        job = self.ledger.register_job(self.job, schedule=self.schedule, ttl=self.ttl,
+                                       max_backfill=self.max_backfill, time_zone=self.time_zone)
+        self._registered = True
+        return job
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> list[T]:
+        with self._lock:
+            if not self._registered:
+                self.register()
+        results: list[T] = []
+        for run in self.ledger.catch_up(self.job, heartbeat_interval=self._heartbeat_interval,
+                                        on_lost=self._on_lost):
+            with run:
+                results.append(self.fn(run, *args, **kwargs))
+        return results
+
+
+# -- the ledger ---------------------------------------------------------------
+
+class Ledger:
+    """The ledger's SQL API over a psycopg Connection, a ConnectionPool, or a conninfo string.
+
+    ``owner`` defaults to :func:`ledger.identity.default_owner`
+    (``hostname:pid:random``, new in a forked child). ``heartbeat_conninfo``
+    (Connection only) is where contexts open their own connection, when the
+    connection's own conninfo will not do (e.g. a password from a callback).
+    ``pool_kwargs`` (conninfo only) go to the ConnectionPool the ledger opens.
+    """
+
+    def __init__(self, source: Connection | ConnectionPool[Any] | str, *, owner: str | None = None,
+                 heartbeat_conninfo: str | None = None, pool_kwargs: Mapping[str, Any] | None = None) -> None:
+        self._owner = owner
+        self._conn: Connection | None = None
+        self._pool: ConnectionPool[Any] | None = None
+        self._owns_pool = False
+        self._heartbeat_conninfo: str | None = None
+        if heartbeat_conninfo is not None and not isinstance(source, psycopg.Connection):
+            raise TypeError("heartbeat_conninfo applies to a Ledger over a Connection only")
+        if isinstance(source, str):
+            options: dict[str, Any] = {"min_size": 1, "max_size": 10, "name": "ledger", "open": True}
+            options.update(pool_kwargs or {})
+            options.setdefault("kwargs", {"autocommit": True})
+            self._pool = ConnectionPool(source, **options)
+            self._owns_pool = True
+        elif isinstance(source, psycopg.Connection):
+            self._conn = source
+            self._heartbeat_conninfo = heartbeat_conninfo or conninfo_of(source)
+        elif isinstance(source, ConnectionPool):
+            self._pool = source
+        else:
+            raise TypeError(
+                "Ledger takes a psycopg Connection, a psycopg_pool ConnectionPool or a conninfo string "
+                f"(use ledger.aio.AsyncLedger for async connections), not {type(source).__name__}")
+
+    @property
+    def owner(self) -> str:
+        return self._owner if self._owner is not None else default_owner()
+
+    def close(self) -> None:
+        """Close the pool the ledger opened from a conninfo string (a caller's pool or connection stays open)."""
+        if self._owns_pool and self._pool is not None:
+            self._pool.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _call(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R]) -> list[R]:
+        if self._conn is not None:
+            return execute_own(self._conn, query, params, row_factory)
+        assert self._pool is not None
+        with self._pool.connection() as conn:
+            return execute_own(conn, query, params, row_factory)
+
+    def _open_control(self) -> _Control:
+        if self._pool is not None:
+            return _Control(self._pool.getconn, self._pool.putconn)
+        conninfo = self._heartbeat_conninfo
+        assert conninfo is not None
+
+        def connect() -> Connection:
+            return psycopg.connect(conninfo, autocommit=True)
+
+        return _Control(connect, lambda conn: conn.close())
+
+    # -- contexts ---------------------------------------------------------------
+
+    def run(self, job: str, *, ttl: timedelta | None = None, slot: datetime | None = None,
+            idempotency_key: str | None = None, detail: Mapping[str, Any] | None = None,
+            heartbeat_interval: timedelta | None = None, on_lost: OnLost | None = None) -> RunContext:
+        """A run of ``job`` as a context manager (see :class:`RunContext`).
+
+        ``ttl`` None means the job's registered ttl. Heartbeats every
+        ``heartbeat_interval`` (default ttl/3). ``on_lost`` is called once, in
+        the thread that finds the lease lost (usually the heartbeat thread).
+        """
+        return RunContext(self, job, ttl=ttl, slot=slot, idempotency_key=idempotency_key, detail=detail,
+                          heartbeat_interval=heartbeat_interval, on_lost=on_lost)
+
+    def lease(self, job: str, *, ttl: timedelta | None = None, renew_interval: timedelta | None = None,
+              on_lost: OnLost | None = None) -> LeaseContext:
+        """A plain lease of ``job`` as a context manager (see :class:`LeaseContext`)."""
+        return LeaseContext(self, job, ttl=ttl, renew_interval=renew_interval, on_lost=on_lost)
+
+    def catch_up(self, job: str, *, ttl: timedelta | None = None, heartbeat_interval: timedelta | None = None,
+                 on_lost: OnLost | None = None) -> Iterator[RunContext]:
+        """Started runs of ``job``'s due slots, oldest first, one at a time (``start_due_run``).
+
+        Use each with ``with run:`` so that an exception fails it. Each run is
+        started before it is yielded (its heartbeat runs). The loop ends when
+        ``start_due_run`` answers anything but ``started`` (``nothing_due``,
+        ``skipped_overlap``, ``paused``), and after a run that did not end in
+        success, so a failing slot is retried on the next call, not in a tight
+        loop. A run the loop body left open is completed when the loop moves
+        on, and cancelled when the loop is abandoned.
+        """
+        while True:
+            run = RunContext(self, job, ttl=ttl, heartbeat_interval=heartbeat_interval, on_lost=on_lost, due=True)
+            run._begin()
+            if not run.started:
+                return
+            resumed = False
+            try:
+                yield run
+                resumed = True
+            finally:
+                if run.is_open:
+                    if resumed:
+                        run._end(None)
+                    else:
+                        run._end(GeneratorExit(), "the catch-up loop was left before the run ended")
+            if run.result is None or run.result.status != "success":
+                return
+
+    def job(self, job: str, *, schedule: str | None = None, ttl: timedelta | None = None, max_backfill: int = 1,
+            time_zone: str = "UTC", heartbeat_interval: timedelta | None = None,
+            on_lost: OnLost | None = None) -> Callable[[Callable[Concatenate[RunContext, P], T]], ScheduledJob[P, T]]:
+        """Decorator: register ``fn`` as scheduled job ``job``; calling it runs the due slots."""
+
+        def decorate(fn: Callable[Concatenate[RunContext, P], T]) -> ScheduledJob[P, T]:
+            return ScheduledJob(self, fn, job=job, schedule=schedule, ttl=ttl, max_backfill=max_backfill,
+                                time_zone=time_zone, heartbeat_interval=heartbeat_interval, on_lost=on_lost)
+
+        return decorate
+
+    # -- the SQL API, one method per function -------------------------------------
+
+    def acquire(self, job: str, ttl: timedelta | None = None, *, owner: str | None = None) -> Lease | None:
+        """``ledger.acquire``: the lease, or None when another owner holds it."""
+        rows = self._call(queries.ACQUIRE, {"job": job, "owner": owner or self.owner, "ttl": ttl}, dict_row)
+        return Lease(**split_time_left(rows[0])[0]) if rows else None
+
+    def renew(self, job: str, token: int, ttl: timedelta | None = None, *,
+              owner: str | None = None) -> datetime | None:
+        """``ledger.renew``: the new expiry, or None when the lease is lost."""
+        params = {"job": job, "owner": owner or self.owner, "token": token, "ttl": ttl}
+        expires_at: datetime | None = self._call(queries.RENEW, params, dict_row)[0]["expires_at"]
+        return expires_at
+
+    def release(self, job: str, token: int, *, owner: str | None = None) -> bool:
+        """``ledger.release``: False when that owner and token do not hold the lease."""
+        params = {"job": job, "owner": owner or self.owner, "token": token}
+        return bool(self._call(queries.RELEASE, params, scalar_row)[0])
+
+    def is_current(self, job: str, token: int) -> bool:
+        return bool(self._call(queries.IS_CURRENT, {"job": job, "token": token}, scalar_row)[0])
+
+    def assert_current(self, job: str, token: int) -> None:
+        """Raise LeaseSuperseded unless the token is current."""
+        self._call(queries.ASSERT_CURRENT, {"job": job, "token": token}, scalar_row)
+
+    def start_run(self, job: str, *, ttl: timedelta | None = None, slot: datetime | None = None,
+                  idempotency_key: str | None = None, detail: Mapping[str, Any] | None = None,
+                  owner: str | None = None) -> RunStart:
+        """``ledger.start_run``, without a heartbeat (see :meth:`run` for the context)."""
+        params = {"job": job, "owner": owner or self.owner, "ttl": ttl, "slot": slot,
+                  "idempotency_key": idempotency_key, "detail": jsonb(detail)}
+        return run_start(self._call(queries.START_RUN, params, dict_row)[0])[0]
+
+    def start_due_run(self, job: str, *, ttl: timedelta | None = None, owner: str | None = None) -> RunStart:
+        """``ledger.start_due_run``, without a heartbeat (see :meth:`catch_up`)."""
+        params = {"job": job, "owner": owner or self.owner, "ttl": ttl}
+        return run_start(self._call(queries.START_DUE_RUN, params, dict_row)[0])[0]
+
+    def heartbeat(self, run_id: int, token: int, ttl: timedelta | None = None) -> datetime | None:
+        """``ledger.heartbeat``: the new expiry, or None when the lease is lost."""
+        params = {"run_id": run_id, "token": token, "ttl": ttl}
+        expires_at: datetime | None = self._call(queries.HEARTBEAT, params, dict_row)[0]["expires_at"]
+        return expires_at
+
+    def complete_run(self, run_id: int, token: int, detail: Mapping[str, Any] | None = None) -> Run:
+        params = {"run_id": run_id, "token": token, "detail": jsonb(detail)}
+        return self._call(queries.COMPLETE_RUN, params, class_row(Run))[0]
+
+    def fail_run(self, run_id: int, token: int, error: str, detail: Mapping[str, Any] | None = None) -> Run:
+        params = {"run_id": run_id, "token": token, "error": error, "detail": jsonb(detail)}
+        return self._call(queries.FAIL_RUN, params, class_row(Run))[0]
+
+    def cancel_run(self, run_id: int, token: int, error: str | None = None) -> Run:
+        params = {"run_id": run_id, "token": token, "error": error}
+        return self._call(queries.CANCEL_RUN, params, class_row(Run))[0]
+
+    def get_run(self, run_id: int) -> Run | None:
+        """The run's row of ``ledger.job_execution_log``."""
+        rows = self._call(queries.GET_RUN, {"run_id": run_id}, class_row(Run))
+        return rows[0] if rows else None
+
+    def reap_expired(self, job: str | None = None) -> int:
+        return int(self._call(queries.REAP_EXPIRED, {"job": job}, scalar_row)[0])
+
+    def register_job(self, job: str, *, schedule: str | None = None, ttl: timedelta | None = None,
+                     max_backfill: int = 1, time_zone: str = "UTC") -> Job:
+        params = {"job": job, "schedule": schedule, "ttl": ttl, "max_backfill": max_backfill,
+                  "time_zone": time_zone}
+        return self._call(queries.REGISTER_JOB, params, class_row(Job))[0]
+
+    def pause_job(self, job: str) -> bool:
+        return bool(self._call(queries.PAUSE_JOB, {"job": job}, scalar_row)[0])
+
+    def resume_job(self, job: str) -> bool:
+        return bool(self._call(queries.RESUME_JOB, {"job": job}, scalar_row)[0])
+
+    def due_slots(self, job: str, at: datetime | None = None) -> list[datetime]:
+        return list(self._call(queries.DUE_SLOTS, {"job": job, "at": at}, scalar_row))
+
+    def job_status(self, job: str) -> JobStatus | None:
+        """The job's row of the ``ledger.job_status`` view."""
+        rows = self._call(queries.JOB_STATUS, {"job": job}, class_row(JobStatus))
+        return rows[0] if rows else None
+
+    def job_statuses(self) -> list[JobStatus]:
+        """Every row of the ``ledger.job_status`` view, by job."""
+        return self._call(queries.JOB_STATUSES, {}, class_row(JobStatus))
+
+    def purge_log(self, older_than: timedelta) -> int:
+        return int(self._call(queries.PURGE_LOG, {"older_than": older_than}, scalar_row)[0])
+

@@ -1,0 +1,108 @@
+"""Typed rows of the ledger's public SQL API (see /work/shared/contract.md).
+
+Frozen dataclasses, one per result shape; the queries in ``ledger.queries``
+name their columns explicitly, so a column added to a view or type later does
+not break ``class_row``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+Outcome = Literal["started", "skipped_overlap", "already_done", "paused", "nothing_due"]
+Status = Literal["running", "success", "failure"]
+FailureReason = Literal["error", "lease_expired", "superseded", "cancelled"]
+
+
+@dataclass(frozen=True)
+class Lease:
+    """``ledger.lease``: a lease held with its fencing token."""
+
+    job: str
+    owner: str
+    token: int
+    acquired_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """``ledger.run_start``: what ``start_run``/``start_due_run`` did."""
+
+    outcome: Outcome
+    run_id: int | None
+    token: int | None
+    expires_at: datetime | None
+    slot: datetime | None
+    holder: str | None
+    holder_expires_at: datetime | None
+
+    @property
+    def started(self) -> bool:
+        return self.outcome == "started"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A row of ``ledger.job_execution_log``: one run."""
+
+    run_id: int
+    job: str
+    owner: str
+    token: int
+    slot: datetime | None
+    idempotency_key: str | None
+    status: Status
+    started_at: datetime
+    heartbeat_at: datetime | None
+    completed_at: datetime | None
+    failure_reason: FailureReason | None
+    error: str | None
+    detail: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Job:
+    """A row of ``ledger.jobs``: a registered job."""
+
+    job: str
+    schedule: str | None
+    time_zone: str
+    ttl: timedelta | None
+    max_backfill: int
+    paused: bool
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A row of the ``ledger.job_status`` view."""
+
+    job: str
+    schedule: str | None
+    time_zone: str | None
+    ttl: timedelta | None
+    max_backfill: int | None
+    paused: bool | None
+    holder: str | None
+    token: int | None
+    lease_expires_at: datetime | None
+    last_run_id: int | None
+    last_status: Status | None
+    last_started_at: datetime | None
+    last_completed_at: datetime | None
+    last_success_at: datetime | None
+    running_run_id: int | None
+    running_for: timedelta | None
+    next_slot: datetime | None
+    overdue: bool | None
+    consecutive_failures: int
+    runs_started: int
+    successes: int
+    failures: int
+    skipped_overlap: int
+    skipped_backfill: int
+    leases_lost: int

@@ -1,0 +1,99 @@
+"""Alembic environment for the ledger: raw SQL revisions, no ORM models.
+
+Every migration transaction first takes the ledger's advisory lock (so
+concurrent migrators run one after the other, and the later one finds the
+work done), then creates schema ledger if needed: alembic keeps its version
+table there, and creates it before revision 0001 runs. A downgrade that ends
+at base then uninstalls: schema ledger (the version table with it) and the
+roles that nothing else uses.
+
+The database: `config.attributes["url"]` (set by ledger.migrate), else the
+conninfo in $LEDGER_DSN, else libpq's PG* defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from logging.config import fileConfig
+from typing import Any
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from ledger.migrate import LOCK_KEY, SCHEMA, VERSION_TABLE, execute_sql, sqlalchemy_url
+
+PREPARE = f"""\
+SELECT pg_catalog.pg_advisory_xact_lock({LOCK_KEY});
+CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+"""
+
+# The contract: uninstall is DROP SCHEMA ledger CASCADE. The roles are
+# cluster-wide: they stay while another database's ledger uses them (2BP01),
+# or while they are granted to, or hold, other roles.
+UNINSTALL = f"""\
+DROP SCHEMA {SCHEMA} CASCADE;
+DO $uninstall$
+DECLARE
+    role_name name;
+BEGIN
+    FOR role_name IN
+        SELECT r.rolname
+          FROM pg_catalog.pg_roles r
+         WHERE r.rolname IN ('ledger_client', 'ledger_reader')
+           AND NOT EXISTS (SELECT FROM pg_catalog.pg_auth_members m
+                            WHERE r.oid IN (m.roleid, m.member))
+    LOOP
+        BEGIN
+            EXECUTE format('DROP ROLE %I', role_name);
+        EXCEPTION WHEN dependent_objects_still_exist OR insufficient_privilege THEN
+            NULL;  -- still in use elsewhere, or not ours to drop
+        END;
+    END LOOP;
+END
+$uninstall$;
+"""
+
+
+def run_migrations(**connection_or_dialect: Any) -> None:
+    at_base_after_downgrade = False
+    applied = context.config.attributes.setdefault("applied", [])  # read by ledger.migrate.upgrade
+
+    def after_step(*, step: Any, heads: set[str], **_: Any) -> None:
+        nonlocal at_base_after_downgrade
+        at_base_after_downgrade = not heads and not step.is_upgrade and not step.is_stamp
+        if step.is_upgrade and not step.is_stamp:
+            applied.append(step.up_revision_id)
+
+    context.configure(
+        **connection_or_dialect,
+        version_table=VERSION_TABLE,
+        version_table_schema=SCHEMA,
+        transactional_ddl=True,  # one transaction: all revisions or none
+        on_version_apply=[after_step],
+        dialect_opts={"paramstyle": "named"},  # offline: no %-doubling in alembic's own SQL
+    )
+    migration = context.get_context()
+    with context.begin_transaction():
+        if not migration.opts.get("dont_mutate"):  # `alembic current` only reads
+            execute_sql(migration, PREPARE)
+        context.run_migrations()
+        if at_base_after_downgrade:
+            execute_sql(migration, UNINSTALL)
+
+
+def run_online() -> None:
+    url = context.config.attributes.get("url") or sqlalchemy_url(os.environ.get("LEDGER_DSN", ""))
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            run_migrations(connection=connection)
+    finally:
+        engine.dispose()
+
+
+if context.config.config_file_name:  # the alembic CLI, with alembic.ini
+    fileConfig(context.config.config_file_name, disable_existing_loggers=False)
+if context.is_offline_mode():
+    run_migrations(dialect_name="postgresql")
+else:
+    run_online()

@@ -1,0 +1,306 @@
+-- Schedules and bounded catch-up. The slot arithmetic (cron, intervals,
+-- daylight saving) is in 15_schedule_eval.sql; this file decides which slots
+-- are due and records what the catch-up bound drops.
+
+-- The registered job, or LD005.
+CREATE FUNCTION ledger._registered_job(job text)
+RETURNS ledger.jobs
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job ledger.jobs;
+BEGIN
+    SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = _registered_job.job;
+    IF NOT FOUND THEN
+        PERFORM ledger._raise('LD005', format('job not found: %s was never registered', job),
+            jsonb_build_object('job', job));
+    END IF;
+    RETURN v_job;
+END
+$$;
+
+-- The registered job with a schedule, or LD005 / 22023.
+CREATE FUNCTION ledger._scheduled_job(job text)
+RETURNS ledger.jobs
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job ledger.jobs := ledger._registered_job(job);
+BEGIN
+    IF v_job.schedule IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument job names %s, which has no schedule', job),
+            DETAIL = jsonb_build_object('argument', 'job', 'job', job)::text;
+    END IF;
+    RETURN v_job;
+END
+$$;
+
+-- The newest slot that succeeded or is running: where catch-up starts.
+-- Served by the partial unique index on (job, slot).
+CREATE FUNCTION ledger._newest_done_slot(job text, except_run_id bigint DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT r.slot FROM ledger.job_execution_log r
+             WHERE r.job = _newest_done_slot.job
+               AND r.status IN ('running', 'success')
+               AND r.slot IS NOT NULL
+               AND r.run_id IS DISTINCT FROM except_run_id
+             ORDER BY r.slot DESC
+             LIMIT 1);
+END
+$$;
+
+-- The due slots, oldest first: of the slots after `done` up to `at`, the
+-- newest max_backfill; only the latest one when the job never ran. Walks
+-- back at most max_backfill slots, whatever the length of the downtime.
+CREATE FUNCTION ledger._due(job ledger.jobs, at timestamptz, done timestamptz)
+RETURNS timestamptz[]
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_slot  timestamptz := ledger._slot_at_or_before(job.schedule_spec, job.time_zone, at);
+    v_slots timestamptz[] := ARRAY[]::timestamptz[];
+BEGIN
+    IF v_slot IS NULL THEN
+        RETURN v_slots;
+    ELSIF done IS NULL THEN
+        RETURN ARRAY[v_slot];
+    END IF;
+    FOR i IN 1 .. job.max_backfill LOOP
+        EXIT WHEN v_slot IS NULL OR v_slot <= done;
+        v_slots := v_slot || v_slots;
+        v_slot := ledger._slot_at_or_before(job.schedule_spec, job.time_zone, v_slot - interval '1 microsecond');
+    END LOOP;
+    RETURN v_slots;
+END
+$$;
+
+CREATE FUNCTION ledger.register_job(
+    job text,
+    schedule text DEFAULT NULL,
+    ttl interval DEFAULT NULL,
+    max_backfill integer DEFAULT 1,
+    time_zone text DEFAULT 'UTC')
+RETURNS ledger.jobs
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_spec ledger.schedule_spec;
+    v_job  ledger.jobs;
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    IF max_backfill IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument max_backfill must not be null';
+    ELSIF max_backfill < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument max_backfill must be at least 1',
+            DETAIL = jsonb_build_object('argument', 'max_backfill', 'value', max_backfill)::text;
+    ELSIF ttl <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument ttl must be positive',
+            DETAIL = jsonb_build_object('argument', 'ttl', 'value', ttl::text)::text;
+    END IF;
+    PERFORM ledger._check_time_zone(time_zone);
+    IF schedule IS NOT NULL THEN
+        v_spec := ledger._parse_schedule(schedule, time_zone);  -- parsed once, here
+    END IF;
+
+    INSERT INTO ledger.jobs AS j
+        (job, schedule, time_zone, ttl, max_backfill, schedule_spec)
+    VALUES (register_job.job, register_job.schedule, register_job.time_zone, register_job.ttl,
+            register_job.max_backfill, v_spec)
+    ON CONFLICT ON CONSTRAINT jobs_pkey DO UPDATE SET
+        schedule      = excluded.schedule,
+        time_zone     = excluded.time_zone,
+        ttl           = excluded.ttl,
+        max_backfill  = excluded.max_backfill,
+        schedule_spec = excluded.schedule_spec,
+        updated_at    = clock_timestamp()
+    RETURNING * INTO v_job;
+    RETURN v_job;
+END
+$$;
+COMMENT ON FUNCTION ledger.register_job(text, text, interval, integer, text) IS
+    'Register or update a job: schedule (interval or cron), default ttl, catch-up bound, time zone';
+
+CREATE FUNCTION ledger.pause_job(job text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    PERFORM ledger._registered_job(job);
+    UPDATE ledger.jobs j SET paused = true, updated_at = clock_timestamp()
+     WHERE j.job = pause_job.job AND NOT j.paused;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION ledger.pause_job(text) IS 'Pause a job: its runs return paused; true when it was running free';
+
+CREATE FUNCTION ledger.resume_job(job text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    PERFORM ledger._registered_job(job);
+    UPDATE ledger.jobs j SET paused = false, updated_at = clock_timestamp()
+     WHERE j.job = resume_job.job AND j.paused;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION ledger.resume_job(text) IS 'Resume a paused job; true when it was paused';
+
+CREATE FUNCTION ledger.due_slots(job text, at timestamptz DEFAULT NULL)
+RETURNS SETOF timestamptz
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job ledger.jobs;
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    IF NOT isfinite(at) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument at must be a finite timestamp',
+            DETAIL = jsonb_build_object('argument', 'at', 'value', at)::text;
+    END IF;
+    v_job := ledger._scheduled_job(job);
+    IF v_job.paused THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT unnest(ledger._due(v_job, coalesce(at, clock_timestamp()),
+                                          ledger._newest_done_slot(job)));
+END
+$$;
+COMMENT ON FUNCTION ledger.due_slots(text, timestamptz) IS
+    'The slots a runner should execute at `at` (default now), oldest first; no side effects';
+
+CREATE FUNCTION ledger.start_due_run(job text, owner text, ttl interval DEFAULT NULL)
+RETURNS ledger.run_start
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job    ledger.jobs;
+    v_due    timestamptz[];
+    v_result ledger.run_start;
+    v_lower  timestamptz;
+    v_last   timestamptz;
+    v_count  bigint;
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    PERFORM ledger._check_label(owner, 'owner');
+    v_job := ledger._scheduled_job(job);
+    PERFORM ledger._resolve_ttl(job, ttl);
+    IF v_job.paused THEN
+        v_result.outcome := 'paused';
+        RETURN v_result;
+    END IF;
+
+    v_due := ledger._due(v_job, clock_timestamp(), ledger._newest_done_slot(job));
+    IF cardinality(v_due) = 0 THEN
+        v_result.outcome := 'nothing_due';
+        RETURN v_result;
+    END IF;
+    v_result := ledger.start_run(job, owner, ttl, slot => v_due[1]);
+    IF v_result.outcome <> 'started' THEN
+        RETURN v_result;
+    END IF;
+
+    -- Started: this transaction holds the job's lease row, so the slots the
+    -- bound drops are accounted once, by the winner, from a stable view.
+    -- They lie after the newest done slot (or the last recorded drop) and
+    -- before the slot just started.
+    v_lower := ledger._newest_done_slot(job, except_run_id => v_result.run_id);
+    IF v_lower IS NULL THEN
+        RETURN v_result;  -- never ran before: nothing was missed
+    END IF;
+    v_lower := greatest(v_lower, (SELECT max(s.last_slot) FROM ledger.skipped_slots s
+                                   WHERE s.job = start_due_run.job));
+    v_last := ledger._slot_at_or_before(v_job.schedule_spec, v_job.time_zone,
+                                        v_result.slot - interval '1 microsecond');
+    IF v_last IS NOT NULL AND v_last > v_lower THEN
+        v_count := ledger._slot_count(v_job.schedule_spec, v_job.time_zone, v_lower, v_last);
+        INSERT INTO ledger.skipped_slots (job, first_slot, last_slot, slot_count, reason)
+        VALUES (job, ledger._slot_after(v_job.schedule_spec, v_job.time_zone, v_lower), v_last,
+                v_count, 'backfill_limit');
+        PERFORM ledger._count(job, skipped_backfill => v_count);
+    END IF;
+    RETURN v_result;
+END
+$$;
+COMMENT ON FUNCTION ledger.start_due_run(text, text, interval) IS
+    'Start a run for the oldest due slot, recording the slots the catch-up bound drops; nothing_due when none';
+
+CREATE FUNCTION ledger.purge_log(older_than interval)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_cutoff  timestamptz;
+    v_deleted bigint;
+BEGIN
+    IF older_than IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument older_than must not be null';
+    ELSIF older_than <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument older_than must be positive',
+            DETAIL = jsonb_build_object('argument', 'older_than', 'value', older_than::text)::text;
+    END IF;
+    v_cutoff := clock_timestamp() - older_than;
+
+    -- Keep each job's newest success, by slot (catch-up starts from it) and
+    -- by time (job_status shows it).
+    WITH keep AS (
+        SELECT newest.run_id
+          FROM (SELECT DISTINCT job FROM ledger.job_execution_log) jobs_,
+               LATERAL (
+                   (SELECT r.run_id FROM ledger.job_execution_log r
+                     WHERE r.job = jobs_.job AND r.status = 'success' AND r.slot IS NOT NULL
+                     ORDER BY r.slot DESC LIMIT 1)
+                   UNION ALL
+                   (SELECT r.run_id FROM ledger.job_execution_log r
+                     WHERE r.job = jobs_.job AND r.status = 'success'
+                     ORDER BY r.completed_at DESC LIMIT 1)) newest
+    ), purged AS (
+        DELETE FROM ledger.job_execution_log r
+         WHERE r.status <> 'running'
+           AND r.completed_at < v_cutoff
+           AND r.run_id NOT IN (SELECT keep.run_id FROM keep)
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_deleted FROM purged;
+
+    -- Old drop records too, except each job's newest (catch-up starts after it).
+    DELETE FROM ledger.skipped_slots s
+     WHERE s.recorded_at < v_cutoff
+       AND s.last_slot < (SELECT max(t.last_slot) FROM ledger.skipped_slots t WHERE t.job = s.job);
+    RETURN v_deleted;
+END
+$$;
+COMMENT ON FUNCTION ledger.purge_log(interval) IS
+    'Delete ended runs older than that, never a job''s newest success; returns how many';

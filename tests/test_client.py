@@ -1,0 +1,341 @@
+"""The synchronous Python client against a real PostgreSQL: run and lease contexts,
+heartbeats, lease loss, fencing, errors, and no leaks."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+from psycopg_pool import ConnectionPool
+
+from ledger import (
+    InvalidArgument,
+    LeaseLost,
+    LeaseSuperseded,
+    Ledger,
+    RunNotFound,
+    StaleToken,
+    default_owner,
+)
+from ledger.errors import translate
+
+SECOND = timedelta(seconds=1)
+
+
+@pytest.fixture
+def ledger(db: psycopg.Connection) -> Ledger:
+    db.execute("CREATE TABLE reports (writer text, token bigint)")
+    return Ledger(db, owner="worker-1")
+
+
+def log_row(db, run_id):
+    with db.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        return cur.execute("SELECT * FROM ledger.job_execution_log WHERE run_id = %s", (run_id,)).fetchone()
+
+
+def other_start(db, job, owner="intruder", ttl="30 seconds"):
+    return db.execute("SELECT outcome, holder FROM ledger.start_run(job => %s, owner => %s, ttl => %s)",
+                      (job, owner, ttl)).fetchone()
+
+
+def backends(db) -> int:
+    return db.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                      "AND pid <> pg_backend_pid()").fetchone()[0]
+
+
+def settle(db, expected: int) -> int:
+    # A backend leaves pg_stat_activity a moment after its client closed.
+    deadline = time.monotonic() + 3
+    while (count := backends(db)) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return count
+
+
+def test_a_run_logs_success_with_its_detail_and_a_fencing_token(ledger, db):
+    with ledger.run("nightly", ttl=timedelta(minutes=80), detail={"batch": 7}) as run:
+        assert (run.started, run.outcome, run.token) == (True, "started", 1)
+        with db.transaction():
+            assert run.fence(db, "reports") == 1
+            db.execute("INSERT INTO reports VALUES ('worker-1', %s)", (run.token,))
+        run.detail["rows"] = 1
+    assert run.result is not None and run.result.status == "success"
+    assert run.result.detail == {"batch": 7, "rows": 1}
+    assert run.result.owner == "worker-1" and run.result.run_id == run.run_id
+    assert not run.lost.is_set()
+    assert db.execute("SELECT token FROM ledger.fences WHERE resource = 'reports'").fetchone()[0] == 1
+
+
+def test_a_skip_is_not_an_exception_and_says_who_holds_the_job(ledger, db):
+    assert other_start(db, "nightly", ttl="1 minute")[0] == "started"
+    threads = threading.active_count()
+    with ledger.run("nightly", ttl=timedelta(minutes=80)) as run:
+        assert not run.started
+        assert run.outcome == "skipped_overlap"
+        assert run.holder == "intruder" and run.holder_expires_at is not None
+        assert threading.active_count() == threads  # no heartbeat for a run that did not start
+        with pytest.raises(RuntimeError, match="skipped_overlap"):
+            run.fence(db, "reports")
+    assert run.result is None
+    assert db.execute("SELECT skipped_overlap, failures FROM ledger.job_counters "
+                      "WHERE job = 'nightly'").fetchone() == (1, 0)
+
+
+def test_an_exception_in_the_body_fails_the_run_with_its_message_and_propagates(ledger, db):
+    with pytest.raises(ValueError, match="disk full"):
+        with ledger.run("nightly", ttl=timedelta(minutes=80)) as run:
+            raise ValueError("disk full")
+    row = log_row(db, run.run_id)
+    assert (row["status"], row["failure_reason"]) == ("failure", "error")
+    assert row["error"] == "ValueError: disk full"
+    assert run.result is not None and run.result.error == "ValueError: disk full"
+
+
+def test_keyboard_interrupt_cancels_the_run_and_propagates(ledger, db):
+    with pytest.raises(KeyboardInterrupt):
+        with ledger.run("nightly", ttl=timedelta(minutes=80)) as run:
+            raise KeyboardInterrupt
+    row = log_row(db, run.run_id)
+    assert (row["status"], row["failure_reason"], row["error"]) == ("failure", "cancelled", "KeyboardInterrupt")
+
+
+def test_a_one_second_ttl_run_survives_a_five_second_body_while_the_caller_holds_a_transaction(
+        ledger, db, connect):
+    # The caller's connection stays inside one open transaction for the whole
+    # body: the heartbeats must commit elsewhere, or the lease would look
+    # expired to everyone else after one second.
+    user = connect(autocommit=False)
+    user_ledger = Ledger(user, owner="worker-1")
+    probes = []
+    with user_ledger.run("slow", ttl=SECOND) as run:
+        assert run.started
+        with user.transaction():
+            user.execute("SELECT 1")
+            for _ in range(2):
+                time.sleep(2.55)
+                probes.append(other_start(db, "slow", ttl="1 second"))
+            run.fence(user, "reports")
+            user.execute("INSERT INTO reports VALUES ('worker-1', %s)", (run.token,))
+        run.check(remote=True)
+    assert probes == [("skipped_overlap", "worker-1")] * 2
+    assert not run.lost.is_set()
+    assert run.result is not None and run.result.status == "success"
+    assert run.result.heartbeat_at is not None
+    assert run.result.heartbeat_at - run.result.started_at > timedelta(seconds=4)
+    assert db.execute("SELECT count(*) FROM reports").fetchone()[0] == 1
+
+
+def test_the_heartbeat_finding_the_lease_gone_marks_the_run_lost_at_once(ledger, db):
+    reports = []
+    with pytest.raises(LeaseLost) as at_exit:
+        with ledger.run("nightly", ttl=timedelta(seconds=30), heartbeat_interval=timedelta(milliseconds=100),
+                        on_lost=reports.append) as run:
+            # Someone ends the lease and another owner takes the job over.
+            assert db.execute("SELECT ledger.release(job => 'nightly', owner => %s, token => %s)",
+                              (run.owner, run.token)).fetchone()[0]
+            assert other_start(db, "nightly")[0] == "started"
+            assert run.lost.wait(5)
+            assert len(reports) == 1 and isinstance(reports[0], LeaseLost)
+            assert reports[0].run_id == run.run_id and reports[0].job == "nightly"
+            with pytest.raises(LeaseLost):
+                run.check()
+            with pytest.raises(LeaseLost), db.transaction():
+                run.fence(db, "reports")
+    # Completing was refused (LD001): the normal exit says so.
+    assert isinstance(at_exit.value.__cause__, LeaseSuperseded)
+    assert len(reports) == 1
+    assert log_row(db, run.run_id)["failure_reason"] == "lease_expired"
+
+
+def test_the_fence_rejects_a_holder_whose_lease_was_taken_before_it_noticed(ledger, db):
+    # No heartbeat in time: the run itself does not know it lost the lease.
+    with pytest.raises(LeaseLost), ledger.run("nightly", ttl=SECOND, heartbeat_interval=timedelta(hours=1)) as run:
+        time.sleep(1.2)
+        assert other_start(db, "nightly")[0] == "started"
+        assert not run.lost.is_set()
+        with pytest.raises(LeaseLost) as rejected, db.transaction():
+            run.fence(db, "reports")
+            db.execute("INSERT INTO reports VALUES ('zombie', %s)", (run.token,))
+        assert isinstance(rejected.value.__cause__, LeaseSuperseded)
+        assert run.lost.is_set()
+    assert db.execute("SELECT count(*) FROM reports").fetchone()[0] == 0
+
+
+def test_a_higher_token_at_the_fence_is_stale_token_not_a_lost_lease(ledger, db):
+    # Another job wrote the same resource with a higher token: the lease is fine.
+    db.execute("SELECT ledger.fence(resource => 'reports', token => 99)")
+    with ledger.run("nightly", ttl=timedelta(minutes=1)) as run:
+        with pytest.raises(StaleToken) as stale, db.transaction():
+            run.fence(db, "reports")
+        assert stale.value.highest_token == 99
+        assert not run.lost.is_set()
+        with db.transaction():
+            assert run.advance_fence(db, "other") is True
+            assert run.advance_fence(db, "other") is False
+    assert run.result is not None and run.result.status == "success"
+
+
+def test_a_plain_lease_is_renewed_past_its_ttl_and_released_on_exit(ledger, db):
+    with ledger.lease("singleton", ttl=SECOND) as lease:
+        assert lease.acquired and lease.token == 1
+        time.sleep(1.5)
+        assert ledger.acquire("singleton", SECOND, owner="other") is None
+        with db.transaction():
+            assert lease.fence(db, "reports") == 1
+    assert lease.released is True and not lease.lost.is_set()
+    taken = ledger.acquire("singleton", SECOND, owner="other")
+    assert taken is not None and taken.token > lease.token
+
+
+def test_a_lease_held_by_another_owner_is_not_acquired(ledger):
+    assert ledger.acquire("singleton", timedelta(minutes=1), owner="other") is not None
+    with ledger.lease("singleton", ttl=SECOND) as lease:
+        assert not lease.acquired
+        with pytest.raises(RuntimeError, match="not acquired"):
+            lease.check()
+    assert lease.released is None
+
+
+def test_a_plain_lease_that_was_taken_over_raises_lease_lost_on_normal_exit(ledger, db):
+    with pytest.raises(LeaseLost):
+        with ledger.lease("singleton", ttl=SECOND, renew_interval=timedelta(hours=1)) as lease:
+            time.sleep(1.2)
+            assert ledger.acquire("singleton", SECOND, owner="other") is not None
+    assert lease.released is False and lease.lost.is_set()
+
+
+def test_ledger_errors_carry_the_sqlstate_class_and_detail_facts(ledger):
+    with pytest.raises(RunNotFound) as missing:
+        ledger.complete_run(424242, 1)
+    assert missing.value.run_id == 424242
+    assert isinstance(missing.value.__cause__, psycopg.Error)
+    assert translate(missing.value.__cause__) is not None
+    with pytest.raises(InvalidArgument):
+        ledger.acquire("", SECOND)
+    lease = ledger.acquire("j", SECOND)
+    assert lease is not None
+    with pytest.raises(LeaseSuperseded) as superseded:
+        ledger.assert_current("j", lease.token + 1)
+    assert superseded.value.current_token == lease.token
+
+
+def test_the_plain_sql_api_round_trips_typed_rows(ledger):
+    start = ledger.start_run("api", ttl=timedelta(minutes=1), idempotency_key="k1")
+    assert start.started and start.run_id is not None and start.token is not None
+    assert ledger.heartbeat(start.run_id, start.token) is not None
+    assert ledger.is_current("api", start.token)
+    done = ledger.complete_run(start.run_id, start.token, {"n": 1})
+    assert (done.status, done.idempotency_key, done.detail) == ("success", "k1", {"n": 1})
+    assert ledger.start_run("api", ttl=timedelta(minutes=1), idempotency_key="k1").outcome == "already_done"
+    assert ledger.get_run(start.run_id) == done
+    again = ledger.start_run("api", ttl=timedelta(minutes=1))
+    assert again.run_id is not None and again.token is not None
+    cancelled = ledger.cancel_run(again.run_id, again.token, "shutdown")
+    assert (cancelled.failure_reason, cancelled.error) == ("cancelled", "shutdown")
+    assert ledger.reap_expired() == 0
+
+
+def test_heartbeats_use_their_own_connection_from_heartbeat_conninfo(db, dsn):
+    ledger = Ledger(db, owner="worker-1", heartbeat_conninfo=dsn + " application_name=ledger-heartbeat")
+    with ledger.run("nightly", ttl=timedelta(minutes=1)) as run:
+        names = db.execute("SELECT application_name FROM pg_stat_activity "
+                           "WHERE datname = current_database()").fetchall()
+        assert ("ledger-heartbeat",) in names
+    assert run.result is not None and run.result.status == "success"
+
+
+def test_a_ledger_over_a_pool_or_a_dsn_runs_the_same(dsn, db):
+    with ConnectionPool(dsn, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
+        with Ledger(pool, owner="pooled").run("nightly", ttl=timedelta(minutes=1)) as run:
+            assert run.started
+        assert run.result is not None and run.result.status == "success"
+        assert not pool.closed
+    with Ledger(dsn, owner="owned") as ledger:
+        with ledger.run("nightly", ttl=timedelta(minutes=1)) as run:
+            assert run.started and run.token == 2
+    assert settle(db, 0) == 0  # the pool the ledger opened is closed
+
+
+def test_the_default_owner_is_hostname_pid_random_and_new_in_a_forked_child():
+    owner = default_owner()
+    assert re.fullmatch(rf".+:{os.getpid()}:[0-9a-f]{{8}}", owner)
+    assert default_owner() == owner
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(write, default_owner().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 300).decode()
+    os.close(read)
+    os.close(write)
+    assert child != owner and child.split(":")[1] == str(pid)
+
+
+def test_no_thread_or_connection_leaks_after_1000_runs(dsn, db):
+    fast = timedelta(milliseconds=1)  # heartbeats do happen during the short bodies
+    with ConnectionPool(dsn, min_size=2, max_size=2, kwargs={"autocommit": True}) as pool:
+        pool.wait()
+        threads = threading.active_count()  # the pool's own workers included
+        before = settle(db, 2)
+        ledger = Ledger(pool, owner="pooled")
+        for i in range(1000):
+            with ledger.run("busy", ttl=timedelta(seconds=30), heartbeat_interval=fast) as run:
+                if i % 100 == 0:
+                    time.sleep(0.01)
+        assert run.token == 1000 and run.result is not None and run.result.status == "success"
+        assert threading.active_count() == threads
+        assert settle(db, before) == before
+    # Over a plain connection every run opens and closes its own connection.
+    threads = threading.active_count()
+    ledger = Ledger(db, owner="direct")
+    baseline = settle(db, 0)
+    for _ in range(100):
+        with ledger.run("busy", ttl=timedelta(seconds=30), heartbeat_interval=fast):
+            pass
+    assert threading.active_count() == threads
+    assert settle(db, baseline) == baseline
+    assert db.execute("SELECT count(*) FROM ledger.job_execution_log WHERE status = 'success'").fetchone()[0] == 1100
+
+
+def test_the_heartbeat_conninfo_keeps_the_password_that_info_dsn_drops(dsn):
+    from ledger.client import conninfo_of
+
+    with psycopg.connect(dsn + " password=s3cret") as conn:  # trust auth ignores it; libpq keeps it
+        assert "s3cret" not in conn.info.dsn
+        assert psycopg.conninfo.conninfo_to_dict(conninfo_of(conn))["password"] == "s3cret"
+
+
+def test_a_ledger_refuses_what_it_cannot_drive(db):
+    with pytest.raises(TypeError, match="AsyncLedger"):
+        Ledger(object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="heartbeat_conninfo"):
+        Ledger("dbname=x", heartbeat_conninfo="dbname=y")
+
+
+def test_the_client_needs_nothing_but_the_ledger_client_role(db, dsn):
+    role = f"ledger_app_{os.getpid()}"
+    db.execute(f"CREATE ROLE {role} LOGIN IN ROLE ledger_client")
+    try:
+        db.execute("CREATE TABLE reports (writer text, token bigint)")
+        db.execute(f"GRANT INSERT ON reports TO {role}")
+        with psycopg.connect(dsn + f" user={role}", autocommit=True) as conn:
+            ledger = Ledger(conn, owner="app")
+            with ledger.run("nightly", ttl=SECOND, heartbeat_interval=timedelta(milliseconds=100)) as run:
+                time.sleep(0.3)
+                with conn.transaction():
+                    run.fence(conn, "reports")
+                    conn.execute("INSERT INTO reports VALUES ('app', %s)", (run.token,))
+                run.check(remote=True)
+            assert run.result is not None and run.result.status == "success"
+            assert ledger.get_run(run.result.run_id) == run.result
+            with ledger.lease("singleton", ttl=SECOND) as lease:
+                assert lease.acquired
+    finally:
+        settle(db, 0)
+        db.execute(f"DROP OWNED BY {role}")
+        db.execute(f"DROP ROLE {role}")
