@@ -40,22 +40,35 @@ BEGIN
 END
 $$;
 
--- The newest slot that succeeded or is running: where catch-up starts.
--- Served by the partial unique index on (job, slot).
+-- The newest slot that succeeded or is running: where catch-up starts. A
+-- run still marked running whose lease expired (its runner crashed) does not
+-- count: its slot stays due, and start_run closes it before retrying.
+-- Served by the unique partial indexes on (job, slot) and on running runs.
 CREATE FUNCTION ledger._newest_done_slot(job text, except_run_id bigint DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_succeeded timestamptz;
+    v_running   timestamptz;
 BEGIN
-    RETURN (SELECT r.slot FROM ledger.job_execution_log r
-             WHERE r.job = _newest_done_slot.job
-               AND r.status IN ('running', 'success')
-               AND r.slot IS NOT NULL
-               AND r.run_id IS DISTINCT FROM except_run_id
-             ORDER BY r.slot DESC
-             LIMIT 1);
+    SELECT r.slot INTO v_succeeded FROM ledger.job_execution_log r
+     WHERE r.job = _newest_done_slot.job
+       AND r.status = 'success'
+       AND r.slot IS NOT NULL
+       AND r.run_id IS DISTINCT FROM except_run_id
+     ORDER BY r.slot DESC
+     LIMIT 1;
+    SELECT r.slot INTO v_running FROM ledger.job_execution_log r
+      JOIN ledger.leases l ON l.job = r.job AND l.token = r.token
+     WHERE r.job = _newest_done_slot.job
+       AND r.status = 'running'
+       AND r.run_id IS DISTINCT FROM except_run_id
+       AND l.released_at IS NULL
+       AND l.expires_at > clock_timestamp();
+    RETURN greatest(v_succeeded, v_running);
 END
 $$;
 

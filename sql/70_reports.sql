@@ -65,9 +65,13 @@ SELECT k.job,
        now() - running.started_at                           AS running_for,
        CASE WHEN j.schedule IS NOT NULL AND NOT j.paused
             THEN ledger._slot_after(j.schedule_spec, j.time_zone, now()) END AS next_slot,
-       -- Overdue: a slot at least one ttl old (5 minutes without a ttl) is
-       -- neither done nor running. A job that never ran counts from its registration.
-       coalesce(j.schedule IS NOT NULL AND NOT j.paused AND running.run_id IS NULL
+       -- Overdue: a slot at least one ttl old (5 minutes without a ttl) has
+       -- not succeeded and no live run is on it (a run whose lease expired
+       -- is a crash, not progress). A job that never ran counts from its
+       -- registration.
+       coalesce(j.schedule IS NOT NULL AND NOT j.paused
+                AND NOT (running.run_id IS NOT NULL AND l.token = running.token
+                         AND l.released_at IS NULL AND l.expires_at > now())
                 AND ledger._slot_at_or_before(j.schedule_spec, j.time_zone,
                                               now() - coalesce(j.ttl, l.ttl, interval '5 minutes'))
                     > coalesce(done.slot, j.created_at), false) AS overdue,
@@ -86,11 +90,11 @@ SELECT k.job,
       SELECT r.started_at, r.completed_at FROM ledger.job_execution_log r
        WHERE r.job = k.job AND r.status = 'success' ORDER BY r.started_at DESC LIMIT 1) last_success ON true
   LEFT JOIN LATERAL (
-      SELECT r.run_id, r.started_at FROM ledger.job_execution_log r
+      SELECT r.run_id, r.token, r.started_at FROM ledger.job_execution_log r
        WHERE r.job = k.job AND r.status = 'running') running ON true
   LEFT JOIN LATERAL (
       SELECT r.slot FROM ledger.job_execution_log r
-       WHERE r.job = k.job AND r.status IN ('running', 'success') AND r.slot IS NOT NULL
+       WHERE r.job = k.job AND r.status = 'success' AND r.slot IS NOT NULL
        ORDER BY r.slot DESC LIMIT 1) done ON true;
 COMMENT ON VIEW ledger.job_status IS
     'One row per known job: lease, last run, last success, current run, next slot, overdue, failures, counters';

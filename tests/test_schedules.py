@@ -113,6 +113,19 @@ def test_a_failed_slot_stays_due_and_its_drop_is_not_counted_twice(db):
     assert value(db, "SELECT count(*) FROM ledger.skipped_slots") == 1
 
 
+def test_the_slot_of_a_crashed_run_stays_due_and_is_retried_at_once(db):
+    register(db, schedule="1 hour")
+    crashed = one(db, "SELECT * FROM ledger.start_due_run(job => 'publish', owner => 'host-1', ttl => '50 milliseconds')")
+    assert due(db) == []  # its lease is live: the slot is taken
+    import time
+    time.sleep(0.1)
+    assert due(db) == [crashed["slot"]]  # the runner is gone: the slot is due again
+    retry = start_due(db, owner="host-2")
+    assert (retry["outcome"], retry["slot"]) == ("started", crashed["slot"])
+    old = one(db, "SELECT status, failure_reason FROM ledger.job_execution_log WHERE run_id = %s", (crashed["run_id"],))
+    assert (old["status"], old["failure_reason"]) == ("failure", "lease_expired")
+
+
 def test_a_job_that_never_ran_gets_only_its_latest_slot_and_records_no_skip(db):
     register(db, max_backfill=5)
     assert due(db) == [newest_slot(db)]

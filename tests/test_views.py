@@ -50,6 +50,13 @@ def test_a_scheduled_job_whose_slot_is_a_ttl_old_and_not_done_is_overdue_and_ale
     db.execute("UPDATE ledger.jobs SET created_at = now() - interval '1 hour'")
     assert value(db, "SELECT overdue FROM ledger.job_status WHERE job = 'nightly'") is True
     assert value(db, "SELECT count(*) FROM ledger.alerts WHERE alert = 'overdue' AND job = 'nightly'") == 1
+    # a run that crashed (its lease expired) is no progress: still overdue
+    db.execute("SELECT ledger.start_due_run('nightly', 'h', ttl => '10 milliseconds')")
+    time.sleep(0.05)
+    assert value(db, "SELECT overdue FROM ledger.job_status WHERE job = 'nightly'") is True
+    # a live run is progress
+    db.execute("SELECT ledger.start_due_run('nightly', 'h2')")
+    assert value(db, "SELECT overdue FROM ledger.job_status WHERE job = 'nightly'") is False
     db.execute("SELECT ledger.pause_job('nightly')")
     assert value(db, "SELECT overdue FROM ledger.job_status WHERE job = 'nightly'") is False
 

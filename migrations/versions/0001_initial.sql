@@ -2006,22 +2006,35 @@ BEGIN
 END
 $$;
 
--- The newest slot that succeeded or is running: where catch-up starts.
--- Served by the partial unique index on (job, slot).
+-- The newest slot that succeeded or is running: where catch-up starts. A
+-- run still marked running whose lease expired (its runner crashed) does not
+-- count: its slot stays due, and start_run closes it before retrying.
+-- Served by the unique partial indexes on (job, slot) and on running runs.
 CREATE FUNCTION ledger._newest_done_slot(job text, except_run_id bigint DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_succeeded timestamptz;
+    v_running   timestamptz;
 BEGIN
-    RETURN (SELECT r.slot FROM ledger.job_execution_log r
-             WHERE r.job = _newest_done_slot.job
-               AND r.status IN ('running', 'success')
-               AND r.slot IS NOT NULL
-               AND r.run_id IS DISTINCT FROM except_run_id
-             ORDER BY r.slot DESC
-             LIMIT 1);
+    SELECT r.slot INTO v_succeeded FROM ledger.job_execution_log r
+     WHERE r.job = _newest_done_slot.job
+       AND r.status = 'success'
+       AND r.slot IS NOT NULL
+       AND r.run_id IS DISTINCT FROM except_run_id
+     ORDER BY r.slot DESC
+     LIMIT 1;
+    SELECT r.slot INTO v_running FROM ledger.job_execution_log r
+      JOIN ledger.leases l ON l.job = r.job AND l.token = r.token
+     WHERE r.job = _newest_done_slot.job
+       AND r.status = 'running'
+       AND r.run_id IS DISTINCT FROM except_run_id
+       AND l.released_at IS NULL
+       AND l.expires_at > clock_timestamp();
+    RETURN greatest(v_succeeded, v_running);
 END
 $$;
 
@@ -2384,9 +2397,13 @@ SELECT k.job,
        now() - running.started_at                           AS running_for,
        CASE WHEN j.schedule IS NOT NULL AND NOT j.paused
             THEN ledger._slot_after(j.schedule_spec, j.time_zone, now()) END AS next_slot,
-       -- Overdue: a slot at least one ttl old (5 minutes without a ttl) is
-       -- neither done nor running. A job that never ran counts from its registration.
-       coalesce(j.schedule IS NOT NULL AND NOT j.paused AND running.run_id IS NULL
+       -- Overdue: a slot at least one ttl old (5 minutes without a ttl) has
+       -- not succeeded and no live run is on it (a run whose lease expired
+       -- is a crash, not progress). A job that never ran counts from its
+       -- registration.
+       coalesce(j.schedule IS NOT NULL AND NOT j.paused
+                AND NOT (running.run_id IS NOT NULL AND l.token = running.token
+                         AND l.released_at IS NULL AND l.expires_at > now())
                 AND ledger._slot_at_or_before(j.schedule_spec, j.time_zone,
                                               now() - coalesce(j.ttl, l.ttl, interval '5 minutes'))
                     > coalesce(done.slot, j.created_at), false) AS overdue,
@@ -2405,11 +2422,11 @@ SELECT k.job,
       SELECT r.started_at, r.completed_at FROM ledger.job_execution_log r
        WHERE r.job = k.job AND r.status = 'success' ORDER BY r.started_at DESC LIMIT 1) last_success ON true
   LEFT JOIN LATERAL (
-      SELECT r.run_id, r.started_at FROM ledger.job_execution_log r
+      SELECT r.run_id, r.token, r.started_at FROM ledger.job_execution_log r
        WHERE r.job = k.job AND r.status = 'running') running ON true
   LEFT JOIN LATERAL (
       SELECT r.slot FROM ledger.job_execution_log r
-       WHERE r.job = k.job AND r.status IN ('running', 'success') AND r.slot IS NOT NULL
+       WHERE r.job = k.job AND r.status = 'success' AND r.slot IS NOT NULL
        ORDER BY r.slot DESC LIMIT 1) done ON true;
 COMMENT ON VIEW ledger.job_status IS
     'One row per known job: lease, last run, last success, current run, next slot, overdue, failures, counters';

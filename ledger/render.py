@@ -1,0 +1,206 @@
+"""Tables for people (rich) and JSON for scripts, from the ledger's rows.
+
+Times in tables are relative to the database's clock (``now``: the ledger's
+only clock), as ``12s ago`` / ``in 3m``; JSON has ISO 8601 timestamps and
+durations in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+from ledger.durations import format_duration
+from ledger.models import JobStatus
+
+STATUS_STYLES = {"success": "green", "failure": "red", "running": "cyan"}
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A console that does not wrap tables into a mess when piped (a wide page instead)."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 200
+    return Console(file=stream, width=width, soft_wrap=False)
+
+
+def fitted(out: Console, build: Callable[[bool], Table]) -> Table:
+    """The wide form of a table when it fits the console without wrapping, else the narrow one."""
+    table = build(True)
+    unbounded = out.options.update_width(10_000)  # measure the natural width, not the clamped one
+    if Measurement.get(out, unbounded, table).maximum <= out.width:
+        return table
+    return build(False)
+
+
+# -- JSON -----------------------------------------------------------------------
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON-ready data: ISO timestamps, durations in seconds, dataclasses as dicts."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(key): plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return float(value)
+    return value
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(plain(value), indent=2, ensure_ascii=False)
+
+
+# -- cells ------------------------------------------------------------------------
+
+def relative(moment: datetime | None, now: datetime) -> str:
+    """``12s ago``, ``in 3m``, ``now``; ``-`` for None."""
+    if moment is None:
+        return "-"
+    delta = moment - now
+    if abs(delta) < timedelta(milliseconds=100):
+        return "now"
+    if delta > timedelta(0):
+        return f"in {format_duration(delta)}"
+    return f"{format_duration(-delta)} ago"
+
+
+def timestamp(moment: datetime | None) -> str:
+    """Local time, to the second (a tenth when the instant has a fraction, as fast demo slots do)."""
+    if moment is None:
+        return "-"
+    local = moment.astimezone()
+    if local.microsecond:
+        return local.strftime("%Y-%m-%d %H:%M:%S.%f")[:-5]
+    return local.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def first_line(text: str | None, limit: int = 70) -> str:
+    if not text:
+        return ""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _status(status: str | None, reason: str | None = None) -> Text:
+    if status is None:
+        return Text("-", style="dim")
+    label = status if not reason else f"{status} ({reason})"
+    return Text(label, style=STATUS_STYLES.get(status, ""))
+
+
+# -- tables -----------------------------------------------------------------------
+
+def status_table(statuses: Sequence[JobStatus], alerts: Iterable[Mapping[str, Any]], now: datetime,
+                 title: str | None = "ledger.job_status", wide: bool = True) -> Table:
+    """One row per job; a job with a live alert is marked ⚠ in bold red (the alerts table says which).
+
+    Not ``wide``: without the counters (``--json`` has them all), times under their status.
+    """
+    alerting = {str(alert["job"]) for alert in alerts}
+    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left", title_style="bold",
+                  padding=(0, 1), pad_edge=False)
+    table.add_column("job", no_wrap=wide, overflow="fold")
+    table.add_column("schedule", max_width=28)
+    table.add_column("state", min_width=12)
+    table.add_column("last run", min_width=9)
+    table.add_column("next slot", min_width=7)
+    counters = ("fails", "runs", "ok", "failed", "skipped", "lost") if wide else ("fails",)
+    for name in counters:
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in statuses:
+        job = Text(f"⚠ {row.job}", style="bold red") if row.job in alerting else Text(row.job, style="bold")
+        if row.paused:
+            state = Text("paused", style="yellow")
+        elif row.running_run_id is not None:
+            state = Text(f"running {format_duration(row.running_for)}", style="cyan")
+        elif row.overdue:
+            state = Text("overdue", style="red")
+        else:
+            state = Text("idle", style="dim")
+        if row.holder is not None:
+            state.append(f"\n{row.holder} ({row.token})", style="dim")
+        schedule = row.schedule or "-"
+        if row.schedule and row.time_zone and row.time_zone != "UTC":
+            schedule += f" {row.time_zone}"
+        last = _status(row.last_status)
+        if row.last_started_at is not None:
+            last.append(f"{' ' if wide else chr(10)}{relative(row.last_started_at, now)}", style="dim")
+        cells: list[Text | str] = [job, schedule, state, last, relative(row.next_slot, now),
+                                   Text(str(row.consecutive_failures),
+                                        style="bold red" if row.consecutive_failures else "")]
+        if wide:
+            cells += [str(row.runs_started), str(row.successes), str(row.failures),
+                      str(row.skipped_overlap + row.skipped_backfill), str(row.leases_lost)]
+        table.add_row(*cells)
+    return table
+
+
+def alerts_table(alerts: Sequence[Mapping[str, Any]], now: datetime, title: str | None = "ledger.alerts") -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left", title_style="bold red",
+                  style="red")
+    for name in ("alert", "job", "run", "message", "since"):
+        table.add_column(name)
+    for alert in alerts:
+        table.add_row(Text(str(alert["alert"]), style="bold red"), str(alert["job"]),
+                      "-" if alert["run_id"] is None else str(alert["run_id"]), str(alert["message"]),
+                      relative(alert["since"], now))
+    return table
+
+
+def runs_table(runs: Sequence[Mapping[str, Any]], now: datetime, title: str | None = None,
+               wide: bool = True) -> Table:
+    """Runs, newest first; the slot column only when a run has a slot, dates only when ``wide``."""
+    slots = any(run["slot"] is not None for run in runs)
+    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left", title_style="bold",
+                  padding=(0, 1), pad_edge=False)
+    table.add_column("run", justify="right", no_wrap=True)
+    table.add_column("status", min_width=7)
+    table.add_column("owner", overflow="fold")
+    table.add_column("token", justify="right", no_wrap=True)
+    if slots:
+        table.add_column("slot", min_width=8)
+    table.add_column("started", min_width=8)
+    table.add_column("took", justify="right", no_wrap=True)
+    table.add_column("error", min_width=10)
+    for run in runs:
+        took = Text(format_duration(run["duration"]))
+        if run["status"] == "running":
+            took = Text(f"{took}…", style="cyan")
+        started = relative(run["started_at"], now)
+        if wide:
+            started = f"{timestamp(run['started_at'])} ({started})"
+        cells: list[Text | str] = [str(run["run_id"]), _status(run["status"], run["failure_reason"]),
+                                   str(run["owner"]), str(run["token"])]
+        if slots:
+            cells.append(timestamp(run["slot"]))
+        cells += [started, took, first_line(run["error"])]
+        table.add_row(*cells)
+    return table
+
+
+def skipped_slots_table(rows: Sequence[Mapping[str, Any]], title: str | None = "ledger.skipped_slots") -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left", title_style="bold")
+    for name, justify in [("job", "left"), ("first slot", "left"), ("last slot", "left"),
+                          ("slots", "right"), ("reason", "left")]:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(str(row["job"]), timestamp(row["first_slot"]), timestamp(row["last_slot"]),
+                      str(row["slot_count"]), str(row["reason"]))
+    return table

@@ -1,0 +1,65 @@
+"""Running the `jobledger` command line as a real subprocess, as cron or a shell would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import psycopg
+
+JOBLEDGER = [sys.executable, "-m", "ledger"]
+PG_VARIABLES = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE", "PGPASSWORD")
+
+
+def environment(dsn: str | None = None, **extra: str) -> dict[str, str]:
+    """Our environment without PG*/LEDGER_* variables, plus LEDGER_DSN and ``extra``."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in PG_VARIABLES and not key.startswith("LEDGER_")}
+    env["COLUMNS"] = "240"  # rich: no wrapping of the tables in captured output
+    if dsn is not None:
+        env["LEDGER_DSN"] = dsn
+    env.update(extra)
+    return env
+
+
+def jobledger(*args: str, dsn: str | None = None, env: Mapping[str, str] | None = None,
+              cwd: str | Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``jobledger ARGS`` to its end; stdout and stderr captured as text."""
+    return subprocess.run([*JOBLEDGER, *args], env=dict(env) if env is not None else environment(dsn),
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def start(*args: str, dsn: str | None = None, env: Mapping[str, str] | None = None,
+          cwd: str | Path | None = None) -> subprocess.Popen[str]:
+    """Start ``jobledger ARGS`` in the background (stdout and stderr piped)."""
+    return subprocess.Popen([*JOBLEDGER, *args], env=dict(env) if env is not None else environment(dsn),
+                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 15, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def runs_of(conn: psycopg.Connection, job: str) -> list[dict[str, object]]:
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        cur.execute("SELECT * FROM ledger.job_execution_log WHERE job = %s ORDER BY run_id", (job,))
+        return cur.fetchall()
+
+
+def running_run(conn: psycopg.Connection, job: str) -> dict[str, object] | None:
+    runs = [run for run in runs_of(conn, job) if run["status"] == "running"]
+    return runs[0] if runs else None
+
+
+def shell(script: str) -> Sequence[str]:
+    return ["sh", "-c", script]
