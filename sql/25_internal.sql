@@ -13,21 +13,6 @@ BEGIN
 END
 $$;
 
--- NULL for a required argument: 22004, naming the argument.
-CREATE FUNCTION ledger._require(value anyelement, arg text)
-RETURNS void
-LANGUAGE plpgsql
-IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF value IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004',
-            MESSAGE = format('argument %s must not be null', arg);
-    END IF;
-END
-$$;
-
 -- A label (job, owner, resource, idempotency key): 22004 when NULL and
 -- required, 22023 when empty, over 200 characters, or with control characters.
 CREATE FUNCTION ledger._check_label(value text, arg text, required boolean DEFAULT true)
@@ -88,6 +73,22 @@ BEGIN
 END
 $$;
 
+-- A ttl, when given, must be positive.
+CREATE FUNCTION ledger._check_ttl(value interval)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'argument ttl must be positive',
+            DETAIL = jsonb_build_object('argument', 'ttl', 'value', value::text)::text;
+    END IF;
+END
+$$;
+
 -- The ttl to use: the argument, else the job's registered ttl; 22023 when
 -- neither is there or the value is not positive.
 CREATE FUNCTION ledger._resolve_ttl(job text, ttl interval)
@@ -106,11 +107,8 @@ BEGIN
                 MESSAGE = format('argument ttl is required: job %s has no registered ttl', job),
                 DETAIL = jsonb_build_object('argument', 'ttl', 'job', job)::text;
         END IF;
-    ELSIF v_ttl <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'argument ttl must be positive',
-            DETAIL = jsonb_build_object('argument', 'ttl', 'value', v_ttl::text)::text;
     END IF;
+    PERFORM ledger._check_ttl(v_ttl);
     RETURN v_ttl;
 END
 $$;

@@ -64,10 +64,7 @@ BEGIN
     PERFORM ledger._check_label(job, 'job');
     PERFORM ledger._check_label(owner, 'owner');
     PERFORM ledger._check_token(token);
-    IF ttl <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument ttl must be positive',
-            DETAIL = jsonb_build_object('argument', 'ttl', 'value', ttl::text)::text;
-    END IF;
+    PERFORM ledger._check_ttl(ttl);
 
     -- Owner and token must both match: a stale holder can never extend the
     -- lease of whoever took over. An expired lease nobody took may be renewed.

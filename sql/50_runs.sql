@@ -180,12 +180,7 @@ DECLARE
     v_lease ledger.leases;
     v_now   timestamptz;
 BEGIN
-    PERFORM ledger._check_token(run_id, 'run_id');
-    PERFORM ledger._check_token(token);
-    IF ttl <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument ttl must be positive',
-            DETAIL = jsonb_build_object('argument', 'ttl', 'value', ttl::text)::text;
-    END IF;
+    PERFORM ledger._check_ttl(ttl);
     v_run := ledger._lock_run(run_id, token);
     SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = v_run.job;
 
@@ -213,9 +208,9 @@ $$;
 COMMENT ON FUNCTION ledger.heartbeat(bigint, bigint, interval) IS
     'Renew the run''s lease and stamp heartbeat_at; NULL when the lease is lost';
 
--- Find a run, lock its job's lease row (the per-job order every writer
--- follows), then read the run again as it is under that lock. LD004 when
--- unknown, LD001 when `token` is not the run's token.
+-- Check run_id and token, find the run, lock its job's lease row (the per-job
+-- order every writer follows), then read the run again as it is under that
+-- lock. LD004 when unknown, LD001 when `token` is not the run's token.
 CREATE FUNCTION ledger._lock_run(run_id bigint, token bigint)
 RETURNS ledger.job_execution_log
 LANGUAGE plpgsql
@@ -226,6 +221,8 @@ DECLARE
     v_job text;
     v_run ledger.job_execution_log;
 BEGIN
+    PERFORM ledger._check_token(run_id, 'run_id');
+    PERFORM ledger._check_token(token);
     SELECT r.job INTO v_job FROM ledger.job_execution_log r WHERE r.run_id = _lock_run.run_id;
     IF NOT FOUND THEN
         PERFORM ledger._raise('LD004', format('run not found: %s', run_id),
@@ -271,8 +268,6 @@ DECLARE
     v_lease ledger.leases;
     v_now   timestamptz;
 BEGIN
-    PERFORM ledger._check_token(run_id, 'run_id');
-    PERFORM ledger._check_token(token);
     PERFORM ledger._check_detail(detail);
     v_run := ledger._lock_run(run_id, token);
     SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = v_run.job;

@@ -121,10 +121,8 @@ BEGIN
     ELSIF max_backfill < 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument max_backfill must be at least 1',
             DETAIL = jsonb_build_object('argument', 'max_backfill', 'value', max_backfill)::text;
-    ELSIF ttl <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument ttl must be positive',
-            DETAIL = jsonb_build_object('argument', 'ttl', 'value', ttl::text)::text;
     END IF;
+    PERFORM ledger._check_ttl(ttl);
     PERFORM ledger._check_time_zone(time_zone);
     IF schedule IS NOT NULL THEN
         v_spec := ledger._parse_schedule(schedule, time_zone);  -- parsed once, here

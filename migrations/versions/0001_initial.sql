@@ -1143,21 +1143,6 @@ BEGIN
 END
 $$;
 
--- NULL for a required argument: 22004, naming the argument.
-CREATE FUNCTION ledger._require(value anyelement, arg text)
-RETURNS void
-LANGUAGE plpgsql
-IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF value IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004',
-            MESSAGE = format('argument %s must not be null', arg);
-    END IF;
-END
-$$;
-
 -- A label (job, owner, resource, idempotency key): 22004 when NULL and
 -- required, 22023 when empty, over 200 characters, or with control characters.
 CREATE FUNCTION ledger._check_label(value text, arg text, required boolean DEFAULT true)
@@ -1218,6 +1203,22 @@ BEGIN
 END
 $$;
 
+-- A ttl, when given, must be positive.
+CREATE FUNCTION ledger._check_ttl(value interval)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'argument ttl must be positive',
+            DETAIL = jsonb_build_object('argument', 'ttl', 'value', value::text)::text;
+    END IF;
+END
+$$;
+
 -- The ttl to use: the argument, else the job's registered ttl; 22023 when
 -- neither is there or the value is not positive.
 CREATE FUNCTION ledger._resolve_ttl(job text, ttl interval)
@@ -1236,11 +1237,8 @@ BEGIN
                 MESSAGE = format('argument ttl is required: job %s has no registered ttl', job),
                 DETAIL = jsonb_build_object('argument', 'ttl', 'job', job)::text;
         END IF;
-    ELSIF v_ttl <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'argument ttl must be positive',
-            DETAIL = jsonb_build_object('argument', 'ttl', 'value', v_ttl::text)::text;
     END IF;
+    PERFORM ledger._check_ttl(v_ttl);
     RETURN v_ttl;
 END
 $$;
@@ -1393,10 +1391,7 @@ BEGIN
     PERFORM ledger._check_label(job, 'job');
     PERFORM ledger._check_label(owner, 'owner');
     PERFORM ledger._check_token(token);
-    IF ttl <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument ttl must be positive',
-            DETAIL = jsonb_build_object('argument', 'ttl', 'value', ttl::text)::text;
-    END IF;
+    PERFORM ledger._check_ttl(ttl);
 
     -- Owner and token must both match: a stale holder can never extend the
     -- lease of whoever took over. An expired lease nobody took may be renewed.
@@ -1733,12 +1728,7 @@ DECLARE
     v_lease ledger.leases;
     v_now   timestamptz;
 BEGIN
-    PERFORM ledger._check_token(run_id, 'run_id');
-    PERFORM ledger._check_token(token);
-    IF ttl <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument ttl must be positive',
-            DETAIL = jsonb_build_object('argument', 'ttl', 'value', ttl::text)::text;
-    END IF;
+    PERFORM ledger._check_ttl(ttl);
     v_run := ledger._lock_run(run_id, token);
     SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = v_run.job;
 
@@ -1766,9 +1756,9 @@ $$;
 COMMENT ON FUNCTION ledger.heartbeat(bigint, bigint, interval) IS
     'Renew the run''s lease and stamp heartbeat_at; NULL when the lease is lost';
 
--- Find a run, lock its job's lease row (the per-job order every writer
--- follows), then read the run again as it is under that lock. LD004 when
--- unknown, LD001 when `token` is not the run's token.
+-- Check run_id and token, find the run, lock its job's lease row (the per-job
+-- order every writer follows), then read the run again as it is under that
+-- lock. LD004 when unknown, LD001 when `token` is not the run's token.
 CREATE FUNCTION ledger._lock_run(run_id bigint, token bigint)
 RETURNS ledger.job_execution_log
 LANGUAGE plpgsql
@@ -1779,6 +1769,8 @@ DECLARE
     v_job text;
     v_run ledger.job_execution_log;
 BEGIN
+    PERFORM ledger._check_token(run_id, 'run_id');
+    PERFORM ledger._check_token(token);
     SELECT r.job INTO v_job FROM ledger.job_execution_log r WHERE r.run_id = _lock_run.run_id;
     IF NOT FOUND THEN
         PERFORM ledger._raise('LD004', format('run not found: %s', run_id),
@@ -1824,8 +1816,6 @@ DECLARE
     v_lease ledger.leases;
     v_now   timestamptz;
 BEGIN
-    PERFORM ledger._check_token(run_id, 'run_id');
-    PERFORM ledger._check_token(token);
     PERFORM ledger._check_detail(detail);
     v_run := ledger._lock_run(run_id, token);
     SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = v_run.job;
@@ -2087,10 +2077,8 @@ BEGIN
     ELSIF max_backfill < 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument max_backfill must be at least 1',
             DETAIL = jsonb_build_object('argument', 'max_backfill', 'value', max_backfill)::text;
-    ELSIF ttl <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument ttl must be positive',
-            DETAIL = jsonb_build_object('argument', 'ttl', 'value', ttl::text)::text;
     END IF;
+    PERFORM ledger._check_ttl(ttl);
     PERFORM ledger._check_time_zone(time_zone);
     IF schedule IS NOT NULL THEN
         v_spec := ledger._parse_schedule(schedule, time_zone);  -- parsed once, here
