@@ -21,7 +21,7 @@ Metrics (labels in braces):
   (``0.95``) and max (``1``) duration of the successful runs in the log.
 - ``jobledger_run_failure_ratio{job}``: failures / ended runs in the log.
 - ``jobledger_job_overdue{job}``: 1 when a slot is more than one ttl old and
-  neither done nor running.
+  has not succeeded, with no live run on it.
 - ``jobledger_consecutive_failures{job}``: failures since the last success.
 - ``jobledger_alerts{alert}``: live rows of ``ledger.alerts`` per kind.
 """
@@ -133,7 +133,7 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
     lost = CounterMetricFamily("jobledger_leases_lost", "Runs closed because their lease expired "
                                "or was superseded", labels=["job"])
     overdue = GaugeMetricFamily("jobledger_job_overdue", "1 when a slot is more than one ttl old "
-                                "and neither done nor running", labels=["job"])
+                                "and has not succeeded, with no live run on it", labels=["job"])
     failing = GaugeMetricFamily("jobledger_consecutive_failures", "Failures since the last success",
                                 labels=["job"])
     for job in snapshot.jobs:

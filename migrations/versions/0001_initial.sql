@@ -2429,7 +2429,7 @@ SELECT 'long_running'::text AS alert, s.job, s.running_run_id AS run_id,
  WHERE s.running_run_id IS NOT NULL AND s.running_for > t.longest_run * 2
 UNION ALL
 SELECT 'overdue', s.job, NULL,
-       format('a slot is more than one ttl old and neither done nor running; next slot %s', s.next_slot),
+       format('a slot is more than one ttl old and has not succeeded, with no live run on it; next slot %s', s.next_slot),
        NULL
   FROM ledger.job_status s
  WHERE s.overdue
