@@ -23,6 +23,7 @@ DECLARE
     v_running  ledger.job_execution_log;
     v_lost     bigint := 0::bigint;
     v_result   ledger.run_start;
+    v_job      ledger.jobs;
 BEGIN
     PERFORM ledger._check_label(job, 'job');
     PERFORM ledger._check_label(owner, 'owner');
@@ -32,11 +33,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument slot must be a finite timestamp',
             DETAIL = jsonb_build_object('argument', 'slot', 'value', slot)::text;
     END IF;
-    v_ttl := ledger._resolve_ttl(job, ttl);
+    -- One read of the job's registration serves the ttl default and the pause.
+    SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = start_run.job;
+    v_ttl := ledger._resolve_ttl(job, coalesce(ttl, v_job.ttl));
     v_timeline := ledger._timeline();
     v_result.slot := slot;
 
-    IF EXISTS (SELECT FROM ledger.jobs j WHERE j.job = start_run.job AND j.paused) THEN
+    IF v_job.paused THEN
         v_result.outcome := 'paused';
         RETURN v_result;
     END IF;

@@ -146,6 +146,23 @@ $$;
 COMMENT ON FUNCTION ledger.register_job(text, text, interval, integer, text) IS
     'Register or update a job: schedule (interval or cron), default ttl, catch-up bound, time zone';
 
+-- Set a registered job's pause flag: true when that changed it (LD005 when
+-- the job was never registered). The body of pause_job and resume_job.
+CREATE FUNCTION ledger._set_paused(job text, paused boolean)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    PERFORM ledger._registered_job(job);
+    UPDATE ledger.jobs j SET paused = _set_paused.paused, updated_at = clock_timestamp()
+     WHERE j.job = _set_paused.job AND j.paused <> _set_paused.paused;
+    RETURN FOUND;
+END
+$$;
+
 CREATE FUNCTION ledger.pause_job(job text)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -154,11 +171,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM ledger._check_label(job, 'job');
-    PERFORM ledger._registered_job(job);
-    UPDATE ledger.jobs j SET paused = true, updated_at = clock_timestamp()
-     WHERE j.job = pause_job.job AND NOT j.paused;
-    RETURN FOUND;
+    RETURN ledger._set_paused(job, true);
 END
 $$;
 COMMENT ON FUNCTION ledger.pause_job(text) IS 'Pause a job: its runs return paused; true when it was running free';
@@ -171,11 +184,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM ledger._check_label(job, 'job');
-    PERFORM ledger._registered_job(job);
-    UPDATE ledger.jobs j SET paused = false, updated_at = clock_timestamp()
-     WHERE j.job = resume_job.job AND j.paused;
-    RETURN FOUND;
+    RETURN ledger._set_paused(job, false);
 END
 $$;
 COMMENT ON FUNCTION ledger.resume_job(text) IS 'Resume a paused job; true when it was paused';

@@ -1571,6 +1571,7 @@ DECLARE
     v_running  ledger.job_execution_log;
     v_lost     bigint := 0::bigint;
     v_result   ledger.run_start;
+    v_job      ledger.jobs;
 BEGIN
     PERFORM ledger._check_label(job, 'job');
     PERFORM ledger._check_label(owner, 'owner');
@@ -1580,11 +1581,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument slot must be a finite timestamp',
             DETAIL = jsonb_build_object('argument', 'slot', 'value', slot)::text;
     END IF;
-    v_ttl := ledger._resolve_ttl(job, ttl);
+    -- One read of the job's registration serves the ttl default and the pause.
+    SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = start_run.job;
+    v_ttl := ledger._resolve_ttl(job, coalesce(ttl, v_job.ttl));
     v_timeline := ledger._timeline();
     v_result.slot := slot;
 
-    IF EXISTS (SELECT FROM ledger.jobs j WHERE j.job = start_run.job AND j.paused) THEN
+    IF v_job.paused THEN
         v_result.outcome := 'paused';
         RETURN v_result;
     END IF;
@@ -2102,6 +2105,23 @@ $$;
 COMMENT ON FUNCTION ledger.register_job(text, text, interval, integer, text) IS
     'Register or update a job: schedule (interval or cron), default ttl, catch-up bound, time zone';
 
+-- Set a registered job's pause flag: true when that changed it (LD005 when
+-- the job was never registered). The body of pause_job and resume_job.
+CREATE FUNCTION ledger._set_paused(job text, paused boolean)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    PERFORM ledger._registered_job(job);
+    UPDATE ledger.jobs j SET paused = _set_paused.paused, updated_at = clock_timestamp()
+     WHERE j.job = _set_paused.job AND j.paused <> _set_paused.paused;
+    RETURN FOUND;
+END
+$$;
+
 CREATE FUNCTION ledger.pause_job(job text)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -2110,11 +2130,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM ledger._check_label(job, 'job');
-    PERFORM ledger._registered_job(job);
-    UPDATE ledger.jobs j SET paused = true, updated_at = clock_timestamp()
-     WHERE j.job = pause_job.job AND NOT j.paused;
-    RETURN FOUND;
+    RETURN ledger._set_paused(job, true);
 END
 $$;
 COMMENT ON FUNCTION ledger.pause_job(text) IS 'Pause a job: its runs return paused; true when it was running free';
@@ -2127,11 +2143,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM ledger._check_label(job, 'job');
-    PERFORM ledger._registered_job(job);
-    UPDATE ledger.jobs j SET paused = false, updated_at = clock_timestamp()
-     WHERE j.job = resume_job.job AND j.paused;
-    RETURN FOUND;
+    RETURN ledger._set_paused(job, false);
 END
 $$;
 COMMENT ON FUNCTION ledger.resume_job(text) IS 'Resume a paused job; true when it was paused';
