@@ -7,6 +7,8 @@
    missed a year (525,600 slots), cron and interval, UTC and Europe/Berlin.
 2. The hot path: acquire, start_run + complete_run, heartbeat, fence, per
    call over one connection (round trips included).
+3. What the durable-token trigger costs: acquire and a run cycle with the
+   deferred trigger enabled and disabled, alternated in one run.
 
 Uses a scratch database on the server named by LEDGER_BENCH_DSN (default
 the local postgres), dropped at the end. Machines are noisy: compare the
@@ -16,7 +18,6 @@ ratios within one run, not absolute numbers across machines.
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import time
 from collections.abc import Callable
@@ -81,19 +82,46 @@ def hot_path(conn: psycopg.Connection, calls: int) -> None:
         conn.execute("SELECT ledger.complete_run(%s, %s)", run).fetchone()
 
     started = conn.execute("SELECT run_id, token FROM ledger.start_run('beat', 'a', '1 hour')").fetchone()
-    tokens = itertools.count(1)
+    # The fence checks the job's live lease too: a holder fencing with its current token.
+    fencing = conn.execute("SELECT token FROM ledger.acquire('fenced', 'a', '1 hour')").fetchone()
     rows = [
         ("SELECT 1 (round-trip floor)", lambda _: conn.execute("SELECT 1").fetchone()),
         ("acquire (same owner, new token)", acquire),
         ("is_current", lambda _: conn.execute("SELECT ledger.is_current('hot', %s)", token).fetchone()),
         ("heartbeat", lambda _: conn.execute("SELECT ledger.heartbeat(%s, %s)", started).fetchone()),
-        ("fence (lenient, growing token)", lambda _: conn.execute("SELECT ledger.fence('r', %s)", (next(tokens),)).fetchone()),
+        ("fence (lenient, current token)",
+         lambda _: conn.execute("SELECT ledger.fence('fenced', 'r', %s)", fencing).fetchone()),
         ("start_run + complete_run", run_cycle),
     ]
     print("| call | us per call |")
     print("|---|---:|")
     for label, fn in rows:
         print(f"| {label} | {timed(fn, calls):.0f} |")
+    print()
+
+
+def durable_trigger_cost(conn: psycopg.Connection, calls: int) -> None:
+    print("## The durable-token trigger (us per call incl. round trip, best of 5, alternated twice)\n")
+
+    def acquire(_: int) -> None:
+        conn.execute("SELECT token FROM ledger.acquire('trig', 'a', '1 hour')").fetchone()
+
+    def run_cycle(_: int) -> None:
+        run = conn.execute("SELECT run_id, token FROM ledger.start_run('trig-cycle', 'a', '1 hour')").fetchone()
+        conn.execute("SELECT ledger.complete_run(%s, %s)", run).fetchone()
+
+    results: dict[tuple[str, bool], list[float]] = {}
+    for _ in range(2):
+        for enabled in (True, False):
+            conn.execute(f"ALTER TABLE ledger.leases {'ENABLE' if enabled else 'DISABLE'} TRIGGER leases_durable_token")
+            for label, fn in (("acquire", acquire), ("start_run + complete_run", run_cycle)):
+                results.setdefault((label, enabled), []).append(timed(fn, calls))
+    conn.execute("ALTER TABLE ledger.leases ENABLE TRIGGER leases_durable_token")
+    print("| call | with trigger | without | ratio |")
+    print("|---|---:|---:|---:|")
+    for label in ("acquire", "start_run + complete_run"):
+        on, off = min(results[(label, True)]), min(results[(label, False)])
+        print(f"| {label} | {on:.0f} | {off:.0f} | {on / off:.2f} |")
     print()
 
 
@@ -111,6 +139,7 @@ def main() -> None:
             print(f"PostgreSQL {version}, {os.cpu_count()} cores, {args.calls} calls per timing\n")
             catch_up(conn, args.calls)
             hot_path(conn, args.calls)
+            durable_trigger_cost(conn, args.calls)
     finally:
         with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

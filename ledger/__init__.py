@@ -7,6 +7,7 @@ this package is a thin layer over them.
 from ledger.aio import AsyncLeaseContext, AsyncLedger, AsyncRunContext, AsyncScheduledJob
 from ledger.client import LeaseContext, Ledger, RunContext, ScheduledJob
 from ledger.errors import (
+    FenceOfAnotherJob,
     InvalidArgument,
     JobNotFound,
     LeaseLost,
@@ -24,6 +25,7 @@ __all__ = [
     "AsyncLedger",
     "AsyncRunContext",
     "AsyncScheduledJob",
+    "FenceOfAnotherJob",
     "InvalidArgument",
     "Job",
     "JobNotFound",

@@ -26,7 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ledger import queries
 from ledger.client import describe, jsonb, run_start, split_time_left
-from ledger.errors import LeaseLost, LeaseSuperseded, RunNotRunning, translated
+from ledger.errors import LeaseLost, LeaseSuperseded, RunNotRunning, StaleToken, translated
 from ledger.heartbeat import AsyncHeartbeat, LeaseState, OnLost, beat_interval
 from ledger.identity import default_owner
 from ledger.models import Job, JobStatus, Lease, Run, RunStart
@@ -71,15 +71,17 @@ async def execute_in(conn: AsyncConnection, query: str, params: Mapping[str, Any
             return await cur.fetchall()
 
 
-async def fence(conn: AsyncConnection, resource: str, token: int) -> int:
-    """``ledger.fence`` (lenient) in the caller's transaction on ``conn``; StaleToken when lower."""
-    rows = await execute_in(conn, queries.FENCE, {"resource": resource, "token": token}, scalar_row)
+async def fence(conn: AsyncConnection, job: str, resource: str, token: int) -> int:
+    """``ledger.fence`` (lenient) in the caller's transaction on ``conn`` (see ``ledger.client.fence``)."""
+    params = {"job": job, "resource": resource, "token": token}
+    rows = await execute_in(conn, queries.FENCE, params, scalar_row)
     return int(rows[0])
 
 
-async def advance_fence(conn: AsyncConnection, resource: str, token: int) -> bool:
-    """``ledger.advance_fence`` (strict) in the caller's transaction on ``conn``."""
-    rows = await execute_in(conn, queries.ADVANCE_FENCE, {"resource": resource, "token": token}, scalar_row)
+async def advance_fence(conn: AsyncConnection, job: str, resource: str, token: int) -> bool:
+    """``ledger.advance_fence`` (strict) in the caller's transaction on ``conn`` (see ``ledger.client``)."""
+    params = {"job": job, "resource": resource, "token": token}
+    rows = await execute_in(conn, queries.ADVANCE_FENCE, params, scalar_row)
     return bool(rows[0])
 
 
@@ -169,21 +171,26 @@ class _AsyncHolding:
                 raise self._state.mark_lost("assert_current refused the token", error) from error
 
     async def fence(self, conn: AsyncConnection, resource: str) -> int:
-        """``assert_current`` then ``fence`` in the caller's transaction on ``conn`` (see the sync client)."""
-        return int(await self._fenced(conn, queries.CHECKED_FENCE, resource))
+        """``ledger.fence(job, resource, token)`` in the caller's transaction on ``conn`` (see the sync client).
+
+        LeaseLost (the context marked lost) on LD001 or LD002; FenceOfAnotherJob as is.
+        """
+        return int(await self._fenced(conn, queries.FENCE, resource))
 
     async def advance_fence(self, conn: AsyncConnection, resource: str) -> bool:
-        """The strict fence: False when this token or a higher one already wrote."""
-        return bool(await self._fenced(conn, queries.CHECKED_ADVANCE_FENCE, resource))
+        """The strict fence (one write per token): False when this token already wrote; LeaseLost when a newer one did."""
+        return bool(await self._fenced(conn, queries.ADVANCE_FENCE, resource))
 
     async def _fenced(self, conn: AsyncConnection, query: str, resource: str) -> Any:
         token = self._require_token()
         self._state.raise_if_lost()
-        params = {"job": self.job, "token": token, "resource": resource}
+        params = {"job": self.job, "resource": resource, "token": token}
         try:
             rows = await execute_in(conn, query, params, scalar_row)
         except LeaseSuperseded as error:
             raise self._state.mark_lost("the fence found the token no longer current", error) from error
+        except StaleToken as error:
+            raise self._state.mark_lost("the fence found a newer token of the job had written", error) from error
         return rows[0]
 
     def _require_token(self) -> int:

@@ -13,9 +13,12 @@ variables, else the embedded PostgreSQL (``jobledger where`` tells which).
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import sys
 from datetime import timedelta
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -25,7 +28,7 @@ from click.core import ParameterSource
 from ledger import __version__, embedded, lookups, render
 from ledger.client import Ledger
 from ledger.durations import format_duration, parse_duration, positive_duration
-from ledger.errors import LedgerError
+from ledger.errors import JobNotFound, LedgerError
 from ledger.wrapper import EXIT_CODES, EXIT_LEDGER_ERROR, Options, Wrapper
 
 
@@ -58,6 +61,21 @@ class _Commands(click.Group):
             if isinstance(error, one_line_errors()):
                 raise click.ClickException(first_line(error)) from error
             raise
+
+
+class OneLineUsageError(click.UsageError):
+    """A usage error (exit 2) told in one line on stderr, its fix included, without click's usage block."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"Error: {self.format_message()}", file=file, err=file is None)
+
+
+def unknown_jobs(jobs: Sequence[str]) -> click.ClickException:
+    """The one-line error (exit 1) for job names the ledger does not know."""
+    names = ", ".join(jobs)
+    what = "no job named" if len(jobs) == 1 else "no jobs named"
+    return click.ClickException(f"{what} {names} in this ledger (`jobledger status` lists the jobs; "
+                                f"`jobledger register {jobs[0]}` creates one)")
 
 
 if TYPE_CHECKING:  # click >= 8.2 types ParamType generically; older versions are not subscriptable
@@ -161,6 +179,28 @@ def install(dsn: str) -> None:
 
 
 @main.command()
+@dsn_option
+@click.option("--yes", is_flag=True, help="Confirm: the ledger's tables and their history go away.")
+def uninstall(dsn: str, yes: bool) -> None:
+    """Remove the ledger: schema ledger with all its data, and the roles nothing else uses.
+
+    The roles (ledger_owner, ledger_client, ledger_reader) are cluster-wide:
+    each stays while another database's ledger uses it or while it is granted
+    to another role. `DROP SCHEMA ledger CASCADE` alone leaves all three.
+    """
+    from ledger import migrate
+
+    if not yes:
+        raise click.UsageError("uninstall deletes every run, lease and fence of this database's ledger: "
+                               "add --yes to confirm")
+    if migrate.current(dsn) is None:
+        click.echo("no ledger installed here: nothing to do")
+        return
+    migrate.downgrade(dsn, "base")
+    click.echo("ledger uninstalled")
+
+
+@main.command()
 def sql() -> None:
     """Print the install script, for `psql -v ON_ERROR_STOP=1 -f -`."""
     from ledger import migrate
@@ -208,12 +248,23 @@ def register(job: str, schedule: str | None, ttl: timedelta | None, max_backfill
                + (" (paused)" if registered.paused else ""))
 
 
+@contextmanager
+def _registered(job: str) -> Iterator[None]:
+    """LD005 (a job that was never registered) in one line that names the job and the fix."""
+    try:
+        yield
+    except JobNotFound as error:
+        raise click.ClickException(
+            f"job not found: {job} was never registered: `jobledger register {job}` first "
+            "(`jobledger status` lists the jobs)") from error
+
+
 @main.command()
 @click.argument("job")
 @dsn_option
 def pause(job: str, dsn: str) -> None:
     """Pause JOB: its runs answer `paused` (the wrapper exits 0 without running CMD)."""
-    with connect(dsn) as conn:
+    with connect(dsn) as conn, _registered(job):
         changed = Ledger(conn).pause_job(job)
     click.echo(f"paused {job}" if changed else f"{job} was already paused")
 
@@ -223,7 +274,7 @@ def pause(job: str, dsn: str) -> None:
 @dsn_option
 def resume(job: str, dsn: str) -> None:
     """Resume JOB after a pause."""
-    with connect(dsn) as conn:
+    with connect(dsn) as conn, _registered(job):
         changed = Ledger(conn).resume_job(job)
     click.echo(f"resumed {job}" if changed else f"{job} was not paused")
 
@@ -235,9 +286,56 @@ def _run_epilog() -> str:
     return f"\b\nExit codes:\n{rows}"
 
 
-@main.command(epilog=_run_epilog())
+RUN_FORM = "jobledger run JOB [OPTIONS] -- CMD [ARGS]..."
+
+
+class _RunCommand(click.Command):
+    """``run JOB [OPTIONS] -- CMD [ARGS]...``: what precedes ``--`` is jobledger's, what follows it CMD's.
+
+    Without the ``--``, click would take CMD's options as the wrapper's own
+    (``-v``, ``--ttl``) and an option-first line's CMD as JOB; so CMD is only
+    what follows the first ``--``, and a word left over before it is refused.
+    """
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return ["JOB", "[OPTIONS]", "-- CMD [ARGS]..."]  # the usage line says it the way it must be typed
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        separated = "--" in args
+        command = args[args.index("--") + 1:] if separated else []
+        mine = args[:args.index("--")] if separated else args
+        try:
+            rest = super().parse_args(ctx, mine)
+        except click.MissingParameter as error:
+            if error.param is None or error.param.name != "job":
+                raise
+            given = f" -- {shlex.join(command)}" if command else " -- CMD [ARGS]..."
+            raise OneLineUsageError(f"missing JOB: the job's name comes first, before the options and "
+                                    f"`--`: jobledger run JOB [OPTIONS]{given}", ctx) from error
+        except click.NoSuchOption as error:
+            if separated:
+                raise
+            raise OneLineUsageError(f"no such option: {error.option_name} (if it is CMD's, put `--` before "
+                                    f"CMD: {RUN_FORM})", ctx) from error
+        if ctx.resilient_parsing:
+            return rest
+        stray: tuple[str, ...] = ctx.params.get("command") or ()
+        if stray:
+            job = str(ctx.params.get("job"))
+            where = "before `--`" if separated else "without a `--` before it"
+            raise OneLineUsageError(
+                f"{stray[0]!r} follows JOB {job!r} {where}: options before `--` are jobledger's, CMD and its "
+                f"arguments only after it: jobledger run {shlex.quote(job)} [OPTIONS] -- CMD [ARGS]...", ctx)
+        if not command:
+            what = "no CMD after `--`" if separated else "missing `-- CMD`"
+            raise OneLineUsageError(f"{what}: {RUN_FORM}", ctx)
+        ctx.params["command"] = tuple(command)
+        return rest
+
+
+@main.command(cls=_RunCommand, epilog=_run_epilog())
 @click.argument("job")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @click.option("--ttl", type=DURATION, default=None,
               help="Lease ttl of the run (80m, 2h, ...); default: the job's registered ttl.")
 @click.option("--owner", default=None, help="Who holds the lease; default hostname:pid:random.")
@@ -255,9 +353,17 @@ def run(ctx: click.Context, job: str, command: tuple[str, ...], ttl: timedelta |
     For a job with a schedule (`jobledger register`), runs CMD once per due slot
     (catch-up, bounded by --max-backfill). CMD gets LEDGER_JOB, LEDGER_RUN_ID,
     LEDGER_FENCING_TOKEN, LEDGER_SLOT (ISO 8601, empty without a schedule),
-    LEDGER_OWNER and LEDGER_DSN. The lease is renewed every ttl/3; if it is lost,
-    CMD gets SIGTERM, then SIGKILL after --grace. SIGTERM/SIGINT/SIGHUP are
-    forwarded to CMD and the run is recorded `cancelled`. Put `--` before CMD.
+    LEDGER_OWNER and LEDGER_DSN, so it can fence each write in the write's
+    transaction: `ledger.fence(job => <LEDGER_JOB>, resource => '...', token =>
+    <LEDGER_FENCING_TOKEN>)` (e.g. psql -v job="$LEDGER_JOB" -v
+    token="$LEDGER_FENCING_TOKEN", then :'job' and :token; see the README).
+    The lease is renewed every ttl/3; if it
+    is lost, CMD gets SIGTERM, then SIGKILL after --grace. SIGTERM/SIGINT/SIGHUP
+    are forwarded to CMD and the run is recorded `cancelled`.
+
+    Options go before `--` (they are jobledger's), CMD and its arguments after it:
+    `jobledger run nightly --ttl 80m -v -- ./nightly.sh --full` (`-v` is the
+    wrapper's, `--full` the script's).
     """
     try:
         target = embedded.resolve(dsn, _source(ctx, "dsn"))
@@ -284,10 +390,14 @@ def status(jobs: tuple[str, ...], as_json: bool, dsn: str) -> None:
     """The state at a glance: the `ledger.job_status` view, jobs with alerts in red,
     then the live alerts (`ledger.alerts`)."""
     with connect(dsn) as conn:
-        statuses = Ledger(conn).job_statuses()
+        statuses = [render.with_counters(row) for row in Ledger(conn).job_statuses()]
         alerts = lookups.alerts(conn)
         now = _now(conn)
     if jobs:
+        known = {row.job for row in statuses}
+        unknown = [job for job in dict.fromkeys(jobs) if job not in known]
+        if unknown:
+            raise unknown_jobs(unknown)
         statuses = [row for row in statuses if row.job in jobs]
         alerts = [row for row in alerts if row["job"] in jobs]
     if as_json:
@@ -313,6 +423,8 @@ def runs(job: str, limit: int, as_json: bool, dsn: str) -> None:
     """JOB's recent runs, newest first (`ledger.job_execution_log`)."""
     with connect(dsn) as conn:
         rows = lookups.recent_runs(conn, job, limit)
+        if not rows and Ledger(conn).job_status(job) is None:
+            raise unknown_jobs([job])
         now = _now(conn)
     if as_json:
         click.echo(render.to_json(rows))
@@ -349,18 +461,46 @@ def reap(job: str | None, dsn: str) -> None:
 
 # -- the demo ------------------------------------------------------------------------
 
+WRITE_HERE = "--yes-write-here"
+
+
 @main.command()
-@click.option("--dsn", envvar="LEDGER_DSN", default=None, show_envvar=True,
-              help="Run on this database (unique job names) instead of a fresh database "
-                   "on the embedded PostgreSQL.")
+@click.option("--dsn", default=None, metavar="DSN",
+              help=f"Run on this database instead (with {WRITE_HERE}; the ledger installed): its jobs and runs "
+                   "stay there, under job names with a random suffix. LEDGER_DSN is not used.")
+@click.option("--yes-write-here", "write_here", is_flag=True,
+              help="Confirm --dsn: the demo may write into that database and leave its rows there.")
 @click.option("--speed", type=click.FloatRange(min=0.2, max=5), default=1.0, show_default=True,
               help="Faster (>1) or slower (<1) than the ten-second script.")
-def demo(dsn: str | None, speed: float) -> None:
+def demo(dsn: str | None, write_here: bool, speed: float) -> None:
     """A narrated ten-second scenario: contention, a frozen worker fenced off,
-    a crash reaped, a downtime caught up, then the status, alerts and audit."""
+    a crash reaped, a downtime caught up, then the status, alerts and audit.
+
+    It runs on a database of its own: a fresh one on the embedded PostgreSQL,
+    or, with the PG* variables set, a scratch database it creates on that
+    server and drops at the end. It writes into a database of yours only when
+    asked: `--dsn DSN --yes-write-here`.
+    """
     from ledger import demo as scenario  # rich progress and threads: only when asked
 
-    code = scenario.main(dsn, speed=speed)
+    if dsn is not None and not write_here:
+        shown = embedded.mask_password(dsn) or "the PG* variables' database"
+        raise OneLineUsageError(f"the demo writes jobs and runs into {shown} and leaves them there: add "
+                                f"{WRITE_HERE} to confirm, or leave out --dsn for a database of the demo's own")
+    if write_here and dsn is None:
+        raise OneLineUsageError(f"{WRITE_HERE} confirms a --dsn: give the database too "
+                                f"(jobledger demo --dsn DSN {WRITE_HERE}), or neither")
+    if dsn is None and os.environ.get("LEDGER_DSN"):
+        _say(f"LEDGER_DSN is not used by the demo, which runs on a database of its own "
+             f"(to run it there: jobledger demo --dsn \"$LEDGER_DSN\" {WRITE_HERE})")
+    try:
+        code = scenario.main(dsn, speed=speed)
+    except embedded.NotInstalled as error:
+        raise click.ClickException(
+            f"the demo needs a server of its own and the embedded PostgreSQL is not installed (no module "
+            f"{error.missing!r}): {embedded.EXTRA_HINT}, or set the PG* variables to a server where it may "
+            f"create and drop a scratch database, or run it in a database of yours: --dsn DSN {WRITE_HERE}"
+        ) from error
     sys.exit(code)
 
 

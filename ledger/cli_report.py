@@ -2,8 +2,17 @@
 
 Registered on the `jobledger` group at the end of ``ledger.cli``; they reuse
 its ``--dsn`` option (same resolution: option, LEDGER_DSN, PG*, embedded), its
-connection and its duration type. The guard and the read-only run live in
-``ledger.report``, the collector in ``ledger.metrics``.
+connection and its duration type. The guard, the session check and the
+read-only run live in ``ledger.report`` (its docstring says what is checked
+and why), the collector in ``ledger.metrics``.
+
+`report` refuses, in one line and with exit code 1: a query the guard
+refuses (size, shape, functions, relations, unknown columns), and a session
+user that could leave ledger_reader again (a superuser, CREATEROLE, members of
+other roles; ``--allow-superuser`` runs anyway). Its rows are streamed from a
+server-side cursor in batches and stop at ``--limit`` (1000 by default, 0 for
+all), with a note on stderr when the limit cut them: CSV and JSON are written
+as the rows come, a table is printed in pages of ``TABLE_PAGE`` rows.
 """
 
 from __future__ import annotations
@@ -29,19 +38,30 @@ from ledger import render
 from ledger.cli import DURATION, _say, connect, dsn_option
 from ledger.durations import format_duration
 from ledger.metrics import LedgerCollector, exposition, serve
-from ledger.report import ALLOWED_FUNCTIONS, ReportRejected, check, run_read_only
+from ledger.report import (
+    ALLOWED_FUNCTIONS, DEFAULT_LIMIT, MAX_CTES, MAX_DEPTH, MAX_QUERY_BYTES, MAX_SUBQUERIES, ReportRejected,
+    ReportRows, stream_report,
+)
 
 FORMATS = ("table", "csv", "json")
+#: Rows per printed table with --format table (each page is one table).
+TABLE_PAGE = 1000
 
 
 def _report_epilog() -> str:
     return (
         "The query must be one SELECT (CTEs, joins, subqueries, set operations and "
         "window functions are fine) over relations in schemas ledger and pg_catalog, "
-        "schema-qualified; no writes, INTO, FOR UPDATE/SHARE, commands or schema-qualified "
-        "function calls. It runs in a READ ONLY transaction as ledger_reader (the "
-        "connecting user must be a member: GRANT ledger_reader TO <role>) under "
-        "--timeout. Intervals are seconds in CSV and JSON.\n\n"
+        "schema-qualified; no writes, INTO, FOR UPDATE/SHARE, commands, (expr).field or "
+        "schema-qualified function calls; every column reference a real column of the query's "
+        "relations (t.name is otherwise the call name(t)); at most "
+        f"{MAX_QUERY_BYTES} bytes, {MAX_DEPTH} levels of nesting, {MAX_SUBQUERIES} SELECTs and "
+        f"{MAX_CTES} CTEs. It runs in a READ ONLY transaction as ledger_reader under "
+        "--timeout (each statement, each fetch of rows). Connect as a reporting login whose "
+        "only privileges come from ledger_reader (CREATE ROLE reports LOGIN IN ROLE "
+        "ledger_reader;): a superuser, a role with CREATEROLE or a member of other roles is "
+        "refused, as its query could take another role back, unless --allow-superuser. "
+        "Intervals are seconds in CSV and JSON.\n\n"
         f"Functions allowed: {', '.join(ALLOWED_FUNCTIONS)}; and the built-in operators "
         "(->, ->>, @>, ?, ~, ||, &&, ...)."
     )
@@ -52,42 +72,70 @@ def _report_epilog() -> str:
 @click.option("--format", "output", type=click.Choice(FORMATS), default="table", show_default=True,
               help="A table for people, CSV or JSON (a list of objects) for scripts.")
 @click.option("--timeout", type=DURATION, default="5s", show_default=True,
-              help="statement_timeout of the query (500ms, 5s, 1m, ...).")
+              help="statement_timeout of the query, and of each fetch of rows (500ms, 5s, 1m, ...).")
+@click.option("--limit", type=click.IntRange(min=0), default=DEFAULT_LIMIT, show_default=True,
+              metavar="N", help="Stop after N rows, saying so on stderr (0: no limit). Rows are "
+                                "streamed in batches, never all in memory.")
+@click.option("--allow-superuser", is_flag=True,
+              help="Run even when the session user could leave ledger_reader (a superuser, "
+                   "CREATEROLE, a member of other roles): the guard is then the only wall.")
 @dsn_option
-def report(sql: str, output: str, timeout: timedelta, dsn: str) -> None:
+def report(sql: str, output: str, timeout: timedelta, limit: int, allow_superuser: bool, dsn: str) -> None:
     """Run SQL, one read-only SELECT over the ledger, and print its rows (`-`: read SQL from stdin).
 
     \b
     jobledger report "SELECT job, failure_rate, p95_duration FROM ledger.run_stats"
-    jobledger report --format csv "SELECT * FROM ledger.alerts"
+    jobledger report --format csv --limit 0 "SELECT * FROM ledger.alerts"
     """
     if sql == "-":
         sql = sys.stdin.read()
     try:
-        checked = check(sql)
+        with connect(dsn) as conn, stream_report(conn, sql, timeout, limit=limit,
+                                                 allow_superuser=allow_superuser) as rows:
+            _print(rows, output)
     except ReportRejected as error:
         raise click.ClickException(str(error)) from error
-    with connect(dsn) as conn:
-        try:
-            columns, rows = run_read_only(conn, checked, timeout)
-        except psycopg.errors.QueryCanceled as error:
-            raise click.ClickException(
-                f"report timed out after {format_duration(timeout)} (statement_timeout); "
-                "narrow the query or give a longer --timeout") from error
+    except psycopg.errors.QueryCanceled as error:
+        raise click.ClickException(
+            f"report timed out after {format_duration(timeout)} (statement_timeout); "
+            "narrow the query or give a longer --timeout") from error
+    if rows.truncated:
+        _say(f"report stopped at {rows.count} rows; --limit N to change (--limit 0: no limit)")
+
+
+def _print(rows: ReportRows, output: str) -> None:
+    columns = rows.columns
     if output == "json":
-        records = [dict(zip(columns, row)) for row in rows]
-        click.echo(json.dumps(render.plain(records), indent=2, ensure_ascii=False, default=str))
+        count = 0
+        for row in rows:
+            record = json.dumps(render.plain(dict(zip(columns, row))), indent=2, ensure_ascii=False,
+                                default=str)
+            click.echo(("[\n" if count == 0 else ",\n") + "\n".join("  " + line for line in record.splitlines()),
+                       nl=False)
+            count += 1
+        click.echo("\n]" if count else "[]")
     elif output == "csv":
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(columns)
-        writer.writerows([_csv_cell(value) for value in row] for row in rows)
+        for row in rows:
+            writer.writerow([_csv_cell(value) for value in row])
     else:
-        _print_table(columns, rows)
+        page: list[tuple[Any, ...]] = []
+        first = 1
+        for row in rows:
+            if len(page) == TABLE_PAGE:  # a full page, and more to come: print it, start the next
+                _print_table(columns, page, f"rows {first}-{first + len(page) - 1}")
+                first += len(page)
+                page = []
+            page.append(row)
+        if first == 1:
+            _print_table(columns, page, f"{len(page)} row{'s' if len(page) != 1 else ''}")
+        else:
+            _print_table(columns, page, f"rows {first}-{first + len(page) - 1}")
 
 
-def _print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    table = Table(box=box.SIMPLE_HEAVY, caption=f"{len(rows)} row{'s' if len(rows) != 1 else ''}",
-                  caption_justify="left")
+def _print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], caption: str) -> None:
+    table = Table(box=box.SIMPLE_HEAVY, caption=caption, caption_justify="left", min_width=len(caption))
     numeric = [bool(rows) and all(isinstance(row[i], (int, float, Decimal)) and not isinstance(row[i], bool)
                                   for row in rows if row[i] is not None)
                for i in range(len(columns))]

@@ -37,7 +37,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from ledger import queries
-from ledger.errors import LeaseLost, LeaseSuperseded, RunNotRunning, translated
+from ledger.errors import LeaseLost, LeaseSuperseded, RunNotRunning, StaleToken, translated
 from ledger.heartbeat import Heartbeat, LeaseState, OnLost, beat_interval
 from ledger.identity import default_owner
 from ledger.models import Job, JobStatus, Lease, Run, RunStart
@@ -114,15 +114,26 @@ def conninfo_of(conn: Connection) -> str:
 
 # -- fences in the caller's transaction -------------------------------------
 
-def fence(conn: Connection, resource: str, token: int) -> int:
-    """``ledger.fence`` (lenient) in the caller's transaction on ``conn``; StaleToken when lower."""
-    rows = execute_in(conn, queries.FENCE, {"resource": resource, "token": token}, scalar_row)
+def fence(conn: Connection, job: str, resource: str, token: int) -> int:
+    """``ledger.fence`` (lenient) in the caller's transaction on ``conn``; returns ``token``.
+
+    The fence checks the lease itself: LeaseSuperseded (LD001) unless ``token``
+    is ``job``'s current live token, StaleToken (LD002) when a higher token of
+    the job already wrote, FenceOfAnotherJob (LD006) when ``resource`` belongs
+    to another job. Call it in the transaction of the write it guards.
+    """
+    params = {"job": job, "resource": resource, "token": token}
+    rows = execute_in(conn, queries.FENCE, params, scalar_row)
     return int(rows[0])
 
 
-def advance_fence(conn: Connection, resource: str, token: int) -> bool:
-    """``ledger.advance_fence`` (strict) in the caller's transaction on ``conn``."""
-    rows = execute_in(conn, queries.ADVANCE_FENCE, {"resource": resource, "token": token}, scalar_row)
+def advance_fence(conn: Connection, job: str, resource: str, token: int) -> bool:
+    """``ledger.advance_fence`` (strict, one write per token) in the caller's transaction on ``conn``.
+
+    False when this token (or a higher one) already wrote; the errors of :func:`fence` otherwise.
+    """
+    params = {"job": job, "resource": resource, "token": token}
+    rows = execute_in(conn, queries.ADVANCE_FENCE, params, scalar_row)
     return bool(rows[0])
 
 
@@ -209,25 +220,30 @@ class _Holding:
     def fence(self, conn: Connection, resource: str) -> int:
         """Move ``resource``'s fence to this token inside the caller's transaction on ``conn``.
 
-        Checks the lease first (``ledger.assert_current``, then ``ledger.fence``,
-        one statement): LeaseLost when the lease is gone, StaleToken when a
-        higher token already wrote. Call it in the transaction of the write it
-        protects, so that both commit or neither does.
+        One statement, ``ledger.fence(job, resource, token)``, which checks the
+        lease itself. LeaseLost (and the context marked lost) when the token is
+        no longer the job's current live token (LD001) or a takeover's newer
+        token wrote first (LD002); FenceOfAnotherJob when ``resource`` belongs
+        to another job (raised as is: a programming error, not a lost lease).
+        Call it in the transaction of the write it protects, so that both
+        commit or neither does.
         """
-        return int(self._fenced(conn, queries.CHECKED_FENCE, resource))
+        return int(self._fenced(conn, queries.FENCE, resource))
 
     def advance_fence(self, conn: Connection, resource: str) -> bool:
-        """The strict fence (one write per token): False when this token or a higher one already wrote."""
-        return bool(self._fenced(conn, queries.CHECKED_ADVANCE_FENCE, resource))
+        """The strict fence (one write per token): False when this token already wrote; LeaseLost when a newer one did."""
+        return bool(self._fenced(conn, queries.ADVANCE_FENCE, resource))
 
     def _fenced(self, conn: Connection, query: str, resource: str) -> Any:
         token = self._require_token()
         self._state.raise_if_lost()
-        params = {"job": self.job, "token": token, "resource": resource}
+        params = {"job": self.job, "resource": resource, "token": token}
         try:
             rows = execute_in(conn, query, params, scalar_row)
         except LeaseSuperseded as error:
             raise self._state.mark_lost("the fence found the token no longer current", error) from error
+        except StaleToken as error:
+            raise self._state.mark_lost("the fence found a newer token of the job had written", error) from error
         return rows[0]
 
     def _require_token(self) -> int:

@@ -15,20 +15,31 @@ this process with their own connections and owner names. The acts:
 then the status and alerts tables, and the overlap audit. The last line is
 ``audit: ledger.overlaps has N rows`` (0, or the demo exits 1).
 
-On the embedded server it uses a fresh database each time (``jobledger_demo``);
-on a database of yours (``--dsn``) it uses job names with a random suffix.
+It never writes into a database it did not create unless asked. By default
+it runs on the embedded server, in a fresh database each time
+(``jobledger_demo``); with the PG* variables set, in a scratch database it
+creates on that server (``jobledger_demo_<random>``, the ledger installed)
+and drops at the end, uninstalling first so that no ledger role it created
+outlives it. ``LEDGER_DSN`` is not used. On a database of yours (``--dsn``,
+confirmed with ``--yes-write-here``) it uses job names with a random suffix
+and leaves its rows there.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -50,9 +61,14 @@ DOWNTIME_SLOTS = 3
 
 
 def main(dsn: str | None, *, speed: float = 1.0, out: Console | None = None) -> int:
-    """Run the demo on ``dsn`` (None: the PG* variables, else a fresh embedded database); the exit code."""
+    """Run the demo on ``dsn`` (a database of yours: the caller asked), else on a database of its own:
+    a scratch database on the PG* variables' server, else a fresh embedded one; the exit code."""
     out = out or render.console()
-    if dsn is None and not embedded.pg_variables_set():
+    if dsn is None and embedded.pg_variables_set():
+        with scratch_database(out) as (scratch, name, server):
+            where = f"a scratch database [bold]{name}[/bold] on {server} (PG* variables; dropped at the end)"
+            return Demo(scratch, out, speed=speed, suffix="", where=where).run()
+    if dsn is None:
         data_dir = embedded.home() / "pgdata"
         with out.status("starting the embedded PostgreSQL…"):
             server_dsn = embedded.embedded_dsn(data_dir)
@@ -66,11 +82,45 @@ def main(dsn: str | None, *, speed: float = 1.0, out: Console | None = None) -> 
         with psycopg.connect(dsn) as conn:  # a database of yours: never installed behind your back
             row = conn.execute("SELECT to_regprocedure('ledger.start_due_run(text, text, interval)')").fetchone()
         if not row or row[0] is None:
-            out.print("the ledger is not installed in that database (or is too old): run `jobledger install` first")
+            shown = embedded.mask_password(dsn) or "the PG* variables' database"
+            out.print(f"the ledger is not installed in {shown} (or is too old): run `jobledger install --dsn ...` "
+                      "there first", highlight=False)
             return 1
         where = f"[bold]{embedded.mask_password(dsn) or 'the PG* variables'}[/bold] (job names with a random suffix)"
         suffix = "-" + secrets.token_hex(3)
     return Demo(dsn, out, speed=speed, suffix=suffix, where=where).run()
+
+
+def _maintenance_dsn() -> str:
+    """Where to say CREATE/DROP DATABASE on the PG* variables' server: PGDATABASE, else ``postgres``."""
+    return "" if os.environ.get("PGDATABASE") else make_conninfo("", dbname="postgres")
+
+
+@contextmanager
+def scratch_database(out: Console) -> Iterator[tuple[str, str, str]]:
+    """A new database on the PG* variables' server with the ledger installed: its DSN, name and server.
+
+    Dropped on the way out, whatever happened; before that the ledger is
+    uninstalled, which drops the ledger roles unless another database uses them.
+    """
+    from ledger import migrate  # alembic: only for the scratch database
+
+    name = f"{DEMO_DATABASE}_{secrets.token_hex(4)}"
+    maintenance = _maintenance_dsn()
+    with psycopg.connect(maintenance, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        server = f"{conn.info.host}:{conn.info.port}"
+    dsn = make_conninfo("", dbname=name)
+    try:
+        with out.status(f"installing the ledger in the scratch database {name}…"):
+            embedded.ensure_installed(dsn)
+        yield dsn, name, server
+    finally:
+        try:
+            migrate.downgrade(dsn, "base")
+        finally:
+            with psycopg.connect(maintenance, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @dataclass
@@ -87,10 +137,10 @@ class Worker:
     def start(self, job: str) -> RunStart:
         return self.ledger.start_due_run(job)
 
-    def publish(self, resource: str, token: int) -> int:
-        """The fenced write: the fence moves in the transaction of the write it guards."""
+    def publish(self, job: str, resource: str, token: int) -> int:
+        """The fenced write: the job-aware fence (it checks the lease too) in the write's transaction."""
         with self.conn.transaction():
-            return fence(self.conn, resource, token)
+            return fence(self.conn, job, resource, token)
 
     def complete(self, run_id: int, token: int) -> Run:
         return self.ledger.complete_run(run_id, token)
@@ -164,7 +214,7 @@ class Demo:
 
     def publish(self, worker: Worker, start: RunStart) -> None:
         assert start.token is not None and start.run_id is not None
-        accepted = worker.publish(self.feed, start.token)
+        accepted = worker.publish(self.job, self.feed, start.token)
         self.say(f"   [green]✓[/green] {worker.name} publishes slot {self.clock(start.slot)}: "
                  f"fence {self.feed!r} accepts token {accepted}")
         time.sleep(self.work)
@@ -268,7 +318,7 @@ class Demo:
         self.say(f"   [yellow]…[/yellow] {frozen.name} wakes up and publishes with its old token {start.token}:")
         assert start.token is not None and start.run_id is not None
         try:
-            frozen.publish(self.feed, start.token)
+            frozen.publish(self.job, self.feed, start.token)
             self.expect(False, "the fence accepted the frozen worker's late write")
         except LedgerError as error:
             self.say(f"   [bold red]✗ rejected by the fence[/bold red] ({error.sqlstate}): {error.message}")

@@ -38,6 +38,14 @@ class EmbeddedUnavailable(RuntimeError):
     """The embedded server is needed but cannot be had (the extra is not installed, or it failed to start)."""
 
 
+class NotInstalled(EmbeddedUnavailable):
+    """The `embedded` extra is missing: ``missing`` names the module that did not import."""
+
+    def __init__(self, message: str, missing: str) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
 @dataclass(frozen=True)
 class Target:
     """The database a command uses and where that choice came from."""
@@ -56,9 +64,23 @@ def home() -> Path:
     configured = os.environ.get(HOME_ENV)
     if configured:
         return Path(configured).expanduser()
-    import platformdirs  # the `embedded` extra
+    try:
+        import platformdirs  # the `embedded` extra
+    except ImportError as error:
+        raise not_installed(error) from error
 
     return Path(platformdirs.user_data_dir("jobledger", appauthor=False))
+
+
+EXTRA_HINT = "pip install 'pg-job-ledger[embedded]'"
+
+
+def not_installed(error: ImportError) -> NotInstalled:
+    """The one-line error for a DSN-less command when the `embedded` extra is missing."""
+    missing = error.name or "pgserver"
+    return NotInstalled(
+        f"no database given and the embedded PostgreSQL is not installed (no module {missing!r}): "
+        f"{EXTRA_HINT}, or give --dsn DSN (or set LEDGER_DSN, or the PG* variables)", missing)
 
 
 def pg_variables_set() -> bool:
@@ -130,9 +152,7 @@ def _server(data_dir: Path) -> Any:
             from pgserver import postgres_server
             from pgserver.postgres_server import get_server
     except ImportError as error:
-        raise EmbeddedUnavailable(
-            "no database given (--dsn, LEDGER_DSN or PG* variables) and the embedded PostgreSQL "
-            "is not installed: pip install 'pg-job-ledger[embedded]'") from error
+        raise not_installed(error) from error
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     _patient_pg_ctl(postgres_server)
     try:

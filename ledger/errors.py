@@ -34,13 +34,23 @@ class LedgerError(Exception):
 
 
 class LeaseSuperseded(LedgerError):
-    """LD001: the token is no longer the job's current token, or the owner does not hold it."""
+    """LD001: the token is no longer the job's current live token, or the owner does not hold it.
+
+    Also what a fence raises for a token that is not the job's current live
+    token (a zombie whose lease expired or was taken over). DETAIL facts:
+    ``job``, ``token``, ``current_token``, ``holder``, ``expires_at``, ``released``.
+    """
 
     sqlstate = "LD001"
 
 
 class StaleToken(LedgerError):
-    """LD002: a fenced write carries a token lower than the highest accepted."""
+    """LD002: a fenced write carries a token lower than the highest accepted.
+
+    The token was the job's current one when the fence checked it, yet a newer
+    token of the job wrote first: a takeover committed in between. DETAIL
+    facts: ``resource``, ``job``, ``token``, ``highest_token``.
+    """
 
     sqlstate = "LD002"
 
@@ -63,6 +73,18 @@ class JobNotFound(LedgerError):
     sqlstate = "LD005"
 
 
+class FenceOfAnotherJob(LedgerError):
+    """LD006: the resource is bound to another job (the one that first fenced it).
+
+    Tokens of two jobs are numbers that mean nothing to each other, so a
+    resource accepts only its own job's tokens. A programming error (two jobs
+    share a resource name), not a lost lease. DETAIL facts: ``resource``,
+    ``job`` (the caller's), ``bound_job`` (the owner's), ``token``.
+    """
+
+    sqlstate = "LD006"
+
+
 class InvalidArgument(LedgerError, ValueError):
     """22004 (a required argument is NULL) or 22023 (an invalid value)."""
 
@@ -75,6 +97,7 @@ ERRORS: dict[str, type[LedgerError]] = {
     "LD003": RunNotRunning,
     "LD004": RunNotFound,
     "LD005": JobNotFound,
+    "LD006": FenceOfAnotherJob,
     "22004": InvalidArgument,
     "22023": InvalidArgument,
 }

@@ -91,12 +91,28 @@ def head() -> str:
     return revision
 
 
+# A second run of the install script would fail on "relation already
+# exists" half-way; say instead what to do. (An upgrade is a migration.)
+_ALREADY_INSTALLED_SQL = f"""\
+DO $installed$
+BEGIN
+    IF pg_catalog.to_regclass('{SCHEMA}.{VERSION_TABLE}') IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42P07',
+            MESSAGE = 'the ledger is already installed in this database: upgrade it with '
+                      '`jobledger install --dsn ...` (or uninstall with `jobledger uninstall --dsn ... --yes`)';
+    END IF;
+END
+$installed$;
+"""
+
+
 def install_script() -> str:
     """The current install for psql users: sql/ (the truth) plus the version
     table stamped at head, so that `upgrade` can take the database on later."""
     return "\n".join([
         "-- pg-job-ledger install script: psql -v ON_ERROR_STOP=1 -f FILE",
         "BEGIN;",
+        _ALREADY_INSTALLED_SQL,
         _VERSION_TABLE_SQL,
         resources.install_sql(),
         f"INSERT INTO {SCHEMA}.{VERSION_TABLE} (version_num) VALUES ('{head()}');",

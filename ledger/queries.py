@@ -32,21 +32,18 @@ ASSERT_CURRENT = "SELECT ledger.assert_current(job => %(job)s, token => %(token)
 
 # -- fences -----------------------------------------------------------------
 
-FENCE = "SELECT ledger.fence(resource => %(resource)s, token => %(token)s)"
+# Job-aware fences, one round trip each: the fence itself checks that `token`
+# is the job's current live token (LD001 otherwise, with assert_current's
+# DETAIL), binds the resource to the job on first use and refuses another
+# job's token (LD006). No assert_current before it: that is the fence's job.
+# Run them in the transaction of the write they guard.
 
-ADVANCE_FENCE = "SELECT ledger.advance_fence(resource => %(resource)s, token => %(token)s)"
+# Lenient: the current holder may write many times; LD002 when a higher token
+# of the job already wrote (a takeover committed in between).
+FENCE = "SELECT ledger.fence(job => %(job)s, resource => %(resource)s, token => %(token)s)"
 
-# The holder's fenced write: first the lease check (the FROM item runs before
-# the select list, so the order is guaranteed), then the fence, one round trip.
-CHECKED_FENCE = """
-SELECT ledger.fence(resource => %(resource)s, token => %(token)s)
-  FROM ledger.assert_current(job => %(job)s, token => %(token)s) AS checked
-"""
-
-CHECKED_ADVANCE_FENCE = """
-SELECT ledger.advance_fence(resource => %(resource)s, token => %(token)s)
-  FROM ledger.assert_current(job => %(job)s, token => %(token)s) AS checked
-"""
+# Strict: at most one fenced write per token; false when this token already wrote.
+ADVANCE_FENCE = "SELECT ledger.advance_fence(job => %(job)s, resource => %(resource)s, token => %(token)s)"
 
 # -- runs -------------------------------------------------------------------
 

@@ -107,11 +107,44 @@ def _status(status: str | None, reason: str | None = None) -> Text:
 
 # -- tables -----------------------------------------------------------------------
 
+COUNTERS = ("runs_started", "successes", "failures", "skipped_overlap", "skipped_backfill", "leases_lost",
+            "consecutive_failures")
+
+
+def with_counters(row: JobStatus) -> JobStatus:
+    """The row with its counters at 0 where the view has NULL (a job that never ran has no counter row)."""
+    missing = {name: 0 for name in COUNTERS if getattr(row, name) is None}
+    return dataclasses.replace(row, **missing) if missing else row  # type: ignore[arg-type]
+
+
+def _count(value: int | None) -> int:
+    return value or 0
+
+
+def _state(row: JobStatus) -> Text:
+    if row.paused:
+        state = Text("paused", style="yellow")
+    elif row.running_run_id is not None:
+        running_for = f" {format_duration(row.running_for)}" if row.running_for is not None else ""
+        state = Text(f"running{running_for}", style="cyan")
+    elif row.holder is not None:
+        state = Text("held", style="cyan")  # a lease without a run: ledger.acquire
+    elif row.overdue:
+        state = Text("overdue", style="red")
+    else:
+        state = Text("idle", style="dim")
+    if row.holder is not None:
+        token = f" ({row.token})" if row.token is not None else ""
+        state.append(f"\n{row.holder}{token}", style="dim")
+    return state
+
+
 def status_table(statuses: Sequence[JobStatus], alerts: Iterable[Mapping[str, Any]], now: datetime,
                  title: str | None = "ledger.job_status", wide: bool = True) -> Table:
     """One row per job; a job with a live alert is marked ⚠ in bold red (the alerts table says which).
 
     Not ``wide``: without the counters (``--json`` has them all), times under their status.
+    Any column but ``job`` may be NULL (a job known only by its lease, one that never ran): ``-`` or 0.
     """
     alerting = {str(alert["job"]) for alert in alerts}
     table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left", title_style="bold",
@@ -126,28 +159,19 @@ def status_table(statuses: Sequence[JobStatus], alerts: Iterable[Mapping[str, An
         table.add_column(name, justify="right", no_wrap=True)
     for row in statuses:
         job = Text(f"⚠ {row.job}", style="bold red") if row.job in alerting else Text(row.job, style="bold")
-        if row.paused:
-            state = Text("paused", style="yellow")
-        elif row.running_run_id is not None:
-            state = Text(f"running {format_duration(row.running_for)}", style="cyan")
-        elif row.overdue:
-            state = Text("overdue", style="red")
-        else:
-            state = Text("idle", style="dim")
-        if row.holder is not None:
-            state.append(f"\n{row.holder} ({row.token})", style="dim")
         schedule = row.schedule or "-"
         if row.schedule and row.time_zone and row.time_zone != "UTC":
             schedule += f" {row.time_zone}"
         last = _status(row.last_status)
         if row.last_started_at is not None:
             last.append(f"{' ' if wide else chr(10)}{relative(row.last_started_at, now)}", style="dim")
-        cells: list[Text | str] = [job, schedule, state, last, relative(row.next_slot, now),
-                                   Text(str(row.consecutive_failures),
-                                        style="bold red" if row.consecutive_failures else "")]
+        fails = _count(row.consecutive_failures)
+        cells: list[Text | str] = [job, schedule, _state(row), last, relative(row.next_slot, now),
+                                   Text(str(fails), style="bold red" if fails else "")]
         if wide:
-            cells += [str(row.runs_started), str(row.successes), str(row.failures),
-                      str(row.skipped_overlap + row.skipped_backfill), str(row.leases_lost)]
+            cells += [str(_count(row.runs_started)), str(_count(row.successes)), str(_count(row.failures)),
+                      str(_count(row.skipped_overlap) + _count(row.skipped_backfill)),
+                      str(_count(row.leases_lost))]
         table.add_row(*cells)
     return table
 

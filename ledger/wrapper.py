@@ -6,6 +6,11 @@ starts a run (``start_run``; for a job with a schedule it loops on
 environment, keeps the lease alive meanwhile (the client's heartbeat, every
 ttl/3), and ends the run with CMD's verdict.
 
+- CMD's environment: ``LEDGER_JOB``, ``LEDGER_RUN_ID``, ``LEDGER_FENCING_TOKEN``,
+  ``LEDGER_SLOT``, ``LEDGER_OWNER`` and ``LEDGER_DSN``: what the job-aware
+  fence needs, ``ledger.fence(job => <LEDGER_JOB>, resource => '...', token =>
+  <LEDGER_FENCING_TOKEN>)`` in the transaction of each write.
+
 - CMD runs in its own process group, so a signal reaches the whole tree it
   starts (a shell script and its children), and a terminal's Ctrl-C reaches
   it once, through the wrapper.
@@ -270,6 +275,7 @@ class Wrapper:
     # -- the command -------------------------------------------------------------
 
     def _environment(self, run: RunContext) -> dict[str, str]:
+        """Ours, plus the run's facts: LEDGER_JOB and LEDGER_FENCING_TOKEN are the fence's arguments."""
         env = dict(os.environ)
         env.update({
             "LEDGER_JOB": run.job,

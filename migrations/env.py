@@ -29,7 +29,8 @@ CREATE SCHEMA IF NOT EXISTS {SCHEMA};
 
 # The contract: uninstall is DROP SCHEMA ledger CASCADE. The roles are
 # cluster-wide: they stay while another database's ledger uses them (2BP01),
-# or while they are granted to, or hold, other roles.
+# or while they are granted to, or hold, other roles (for ledger_owner, its
+# grant to the uninstalling user does not count: the install made it).
 UNINSTALL = f"""\
 DROP SCHEMA {SCHEMA} CASCADE;
 DO $uninstall$
@@ -39,9 +40,13 @@ BEGIN
     FOR role_name IN
         SELECT r.rolname
           FROM pg_catalog.pg_roles r
-         WHERE r.rolname IN ('ledger_client', 'ledger_reader')
+         WHERE r.rolname IN ('ledger_client', 'ledger_reader', 'ledger_owner')
            AND NOT EXISTS (SELECT FROM pg_catalog.pg_auth_members m
-                            WHERE r.oid IN (m.roleid, m.member))
+                            WHERE r.oid IN (m.roleid, m.member)
+                              AND NOT (r.rolname = 'ledger_owner' AND m.roleid = r.oid
+                                       AND m.member = (SELECT u.oid FROM pg_catalog.pg_roles u
+                                                   WHERE u.rolname = current_user)))
+         ORDER BY r.rolname = 'ledger_owner'  -- the owner last: the others' grants name it
     LOOP
         BEGIN
             EXECUTE format('DROP ROLE %I', role_name);

@@ -10,16 +10,30 @@ COMMENT ON SCHEMA ledger IS 'Postgres-native job ledger: leases, fencing tokens,
 
 -- Roles are cluster-wide: create them once, leave them if they exist (also
 -- when another database of the cluster is installing at the same moment).
+--   ledger_owner   NOLOGIN; owns the ledger's tables and functions, so the
+--                  SECURITY DEFINER functions run with the ledger's own
+--                  privileges and never as the (super)user who installed.
+--   ledger_client  EXECUTE on the API and SELECT; ledger_reader SELECT only.
+-- Without CREATEROLE the roles must exist already (an administrator creates
+-- them: see docs); checking first avoids PostgreSQL's "permission denied to
+-- create role", which it raises before it looks whether the role exists.
 DO $roles$
+DECLARE
+    role_name text;
 BEGIN
-    BEGIN
-        CREATE ROLE ledger_client NOLOGIN;
-    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-    END;
-    BEGIN
-        CREATE ROLE ledger_reader NOLOGIN;
-    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-    END;
+    FOREACH role_name IN ARRAY ARRAY['ledger_owner', 'ledger_client', 'ledger_reader'] LOOP
+        CONTINUE WHEN EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = role_name);
+        BEGIN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', role_name);
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        WHEN insufficient_privilege THEN
+            RAISE EXCEPTION USING ERRCODE = '42501',
+                MESSAGE = format('role %s does not exist and %s may not create it', role_name, current_user),
+                HINT = 'An administrator runs once: CREATE ROLE ledger_owner NOLOGIN; CREATE ROLE ledger_client NOLOGIN; '
+                       'CREATE ROLE ledger_reader NOLOGIN; GRANT ledger_owner TO <installing user>;';
+        END;
+    END LOOP;
 END
 $roles$;
 
@@ -42,8 +56,3 @@ CREATE TYPE ledger.run_start AS (
     holder            text,
     holder_expires_at timestamptz
 );
-
--- A label (job, owner, resource, idempotency key): 1 to 200 characters, no
--- control characters. The functions raise 22023 first; this is the backstop.
-CREATE DOMAIN ledger.label AS text
-    CONSTRAINT label_valid CHECK (char_length(VALUE) BETWEEN 1 AND 200 AND VALUE !~ '[[:cntrl:]]');

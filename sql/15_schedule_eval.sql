@@ -67,13 +67,15 @@ BEGIN
     IF time_zone !~ '^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$'
        OR lower(time_zone) LIKE 'right/%' THEN
         RAISE EXCEPTION 'invalid time_zone %: not an IANA time zone name', quote_literal(time_zone)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
     END IF;
     BEGIN
         PERFORM timestamptz '2000-01-01 00:00+00' AT TIME ZONE time_zone;
     EXCEPTION WHEN OTHERS THEN
         RAISE EXCEPTION 'invalid time_zone %: unknown time zone', quote_literal(time_zone)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
     END;
     -- A name with a slash that the server loads is a zone file. Without one it
     -- may be an abbreviation ('PST') or a POSIX string ('abc3'), which the
@@ -82,7 +84,8 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names
                        WHERE lower(name) = lower(time_zone)) THEN
         RAISE EXCEPTION 'invalid time_zone %: not a time zone name (abbreviations are not accepted)',
-            quote_literal(time_zone) USING ERRCODE = '22023';
+            quote_literal(time_zone) USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
     END IF;
 END
 $fn$;
@@ -102,11 +105,13 @@ BEGIN
         n := array_position(names, value) - 1 + lo;
     ELSE
         RAISE EXCEPTION 'invalid schedule %: invalid % value %', quote_literal(schedule), label, quote_literal(value)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
     END IF;
     IF n < lo OR n > hi THEN
         RAISE EXCEPTION 'invalid schedule %: % value % is out of range %-%', quote_literal(schedule), label, n, lo, hi
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
     END IF;
     RETURN n;
 END
@@ -132,7 +137,8 @@ BEGIN
     FOREACH item IN ARRAY string_to_array(field, ',') LOOP
         IF item = '' THEN
             RAISE EXCEPTION 'invalid schedule %: empty list element in the % field', quote_literal(schedule), label
-                USING ERRCODE = '22023';
+                USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
         END IF;
         step := NULL;
         base := item;
@@ -141,16 +147,19 @@ BEGIN
             part := substr(item, length(base) + 2);
             IF part !~ '^[0-9]{1,6}$' THEN
                 RAISE EXCEPTION 'invalid schedule %: invalid step % in the % field', quote_literal(schedule), quote_literal(part), label
-                    USING ERRCODE = '22023';
+                    USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
             END IF;
             step := part::integer;
             IF step = 0 THEN
                 RAISE EXCEPTION 'invalid schedule %: step 0 in the % field', quote_literal(schedule), label
-                    USING ERRCODE = '22023';
+                    USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
             END IF;
             IF step > hi - lo + 1 THEN
                 RAISE EXCEPTION 'invalid schedule %: step % is larger than the % field''s range %-%', quote_literal(schedule), step, label, lo, hi
-                    USING ERRCODE = '22023';
+                    USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
             END IF;
         END IF;
         IF base = '*' THEN
@@ -160,14 +169,16 @@ BEGIN
             bounds := string_to_array(base, '-');
             IF base = '' OR cardinality(bounds) > 2 THEN
                 RAISE EXCEPTION 'invalid schedule %: invalid % element %', quote_literal(schedule), label, quote_literal(item)
-                    USING ERRCODE = '22023';
+                    USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
             END IF;
             a := ledger._cron_value(schedule, bounds[1], label, lo, hi, names);
             IF cardinality(bounds) = 2 THEN
                 b := ledger._cron_value(schedule, bounds[2], label, lo, hi, names);
                 IF a > b THEN
                     RAISE EXCEPTION 'invalid schedule %: reversed range % in the % field', quote_literal(schedule), quote_literal(base), label
-                        USING ERRCODE = '22023';
+                        USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
                 END IF;
             ELSIF step IS NOT NULL THEN
                 b := hi;
@@ -202,9 +213,16 @@ BEGIN
         RAISE EXCEPTION 'schedule must not be NULL' USING ERRCODE = '22004';
     END IF;
     PERFORM ledger._check_time_zone(time_zone);
+    IF char_length(schedule) > ledger._max_schedule_length() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument schedule must be at most %s characters', ledger._max_schedule_length()),
+            DETAIL = jsonb_build_object('argument', 'schedule', 'length', char_length(schedule),
+                                        'max', ledger._max_schedule_length())::text;
+    END IF;
     s := lower(btrim(schedule, E' \t\r\n'));
     IF s = '' THEN
-        RAISE EXCEPTION 'invalid schedule: must not be empty' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'invalid schedule: must not be empty' USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
     END IF;
     s := CASE s
         WHEN '@hourly'   THEN '0 * * * *'
@@ -217,7 +235,8 @@ BEGIN
         ELSE s END;
     IF s ~ '^@[a-z]+$' THEN
         RAISE EXCEPTION 'invalid schedule %: unknown macro (use @hourly, @daily, @midnight, @weekly, @monthly, @yearly or @annually)', quote_literal(schedule)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
     END IF;
 
     -- Five fields: a cron expression, unless they do not parse as one and
@@ -242,17 +261,27 @@ BEGIN
     END IF;
     IF iv IS NULL THEN
         IF cron_error IS NOT NULL THEN
-            RAISE EXCEPTION '%', cron_error USING ERRCODE = '22023';
+            RAISE EXCEPTION '%', cron_error USING ERRCODE = '22023',
+                DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
         END IF;
         RAISE EXCEPTION 'invalid schedule %: expected an interval such as ''45 minutes'' or a five-field cron expression (got % fields)', quote_literal(schedule), cardinality(f)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
     END IF;
     months := (extract(year FROM iv) * 12 + extract(month FROM iv))::integer;
     days := extract(day FROM iv)::integer;
     micros := extract(epoch FROM iv - make_interval(months => months, days => days)) * 1000000;
     IF months < 0 OR days < 0 OR micros < 0 OR (months = 0 AND days = 0 AND micros = 0) THEN
         RAISE EXCEPTION 'invalid schedule %: the interval must be positive, with no negative part', quote_literal(schedule)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
+    END IF;
+    IF iv < ledger._min_every() OR iv > ledger._max_every() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('invalid schedule %s: an interval schedule must be from %s to %s',
+                             quote_literal(schedule), ledger._min_every(), ledger._max_every()),
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule,
+                                        'min', ledger._min_every()::text, 'max', ledger._max_every()::text)::text;
     END IF;
     spec.kind := 'interval';
     spec.every := iv;
@@ -300,7 +329,8 @@ BEGIN
         END LOOP;
         IF NOT ok THEN
             RAISE EXCEPTION 'invalid schedule %: no allowed month has an allowed day of month, it can never fire', quote_literal(schedule)
-                USING ERRCODE = '22023';
+                USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
         END IF;
     END IF;
     RETURN spec;

@@ -54,13 +54,16 @@ CREATE TABLE ledger.leases (
 );
 COMMENT ON TABLE ledger.leases IS 'Per-job lease: holder, fencing token, expiry';
 
+-- A fence belongs to the job that first wrote through it: tokens are counted
+-- per job, so only that job's tokens can be compared with the one recorded.
 CREATE TABLE ledger.fences (
     resource    ledger.label PRIMARY KEY,
+    job         ledger.label NOT NULL REFERENCES ledger.leases (job),
     token       bigint      NOT NULL,
     advanced_at timestamptz NOT NULL,
     CONSTRAINT fences_token_positive CHECK (token > 0)
 );
-COMMENT ON TABLE ledger.fences IS 'Per-resource highest accepted fencing token';
+COMMENT ON TABLE ledger.fences IS 'Per-resource highest accepted fencing token, and the job it belongs to';
 
 CREATE TABLE ledger.job_execution_log (
     run_id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -120,3 +123,23 @@ CREATE TABLE ledger.counters (
         AND skipped_overlap >= 0 AND skipped_backfill >= 0 AND leases_lost >= 0)
 );
 COMMENT ON TABLE ledger.counters IS 'Monotonic per-job counters behind ledger.job_counters';
+
+-- What purge_log must not forget: a slot or an idempotency key that
+-- succeeded answers already_done for ever, even once its run row is gone.
+-- Slots: per job, the newest slot whose success was purged (slots at or
+-- before it count as done: one row per job). Keys: each purged successful
+-- key, kept for ever (about 40 bytes plus the key and the job name).
+CREATE TABLE ledger.purged_slots (
+    job         ledger.label PRIMARY KEY,
+    done_through timestamptz NOT NULL
+);
+COMMENT ON TABLE ledger.purged_slots IS 'Per job: slots at or before done_through succeeded, though purge_log removed their runs';
+
+CREATE TABLE ledger.purged_keys (
+    job             ledger.label NOT NULL,
+    idempotency_key ledger.label NOT NULL,
+    run_id          bigint      NOT NULL,
+    completed_at    timestamptz NOT NULL,
+    CONSTRAINT purged_keys_pkey PRIMARY KEY (job, idempotency_key)
+);
+COMMENT ON TABLE ledger.purged_keys IS 'Idempotency keys that succeeded, kept after purge_log removed their runs';

@@ -14,7 +14,12 @@ END
 $$;
 
 -- A label (job, owner, resource, idempotency key): 22004 when NULL and
--- required, 22023 when empty, over 200 characters, or with control characters.
+-- required, 22023 when empty, over 200 characters, or holding a character
+-- that is invisible or changes how the text around it reads: control (Cc),
+-- format (Cf: bidirectional overrides, zero-width joiners, BOM) and separator
+-- characters (Zl, Zp, and Zs other than the ASCII space). Look-alike job and
+-- owner names would make the audit lie. The class is generated from the
+-- Unicode tables (Python's unicodedata) and is the same as ledger.label's.
 CREATE FUNCTION ledger._check_label(value text, arg text, required boolean DEFAULT true)
 RETURNS void
 LANGUAGE plpgsql
@@ -29,9 +34,9 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    IF value = '' OR char_length(value) > 200 OR value ~ '[[:cntrl:]]' THEN
+    IF value = '' OR char_length(value) > 200 OR NOT ledger._is_visible_text(value) THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('argument %s must be 1 to 200 characters without control characters', arg),
+            MESSAGE = format('argument %s must be 1 to 200 characters without control, format or separator characters', arg),
             DETAIL = jsonb_build_object('argument', arg, 'length', char_length(value))::text;
     END IF;
 END
@@ -57,7 +62,8 @@ BEGIN
 END
 $$;
 
--- An optional detail: a JSON object or NULL.
+-- An optional detail: a JSON object or NULL, at most
+-- ledger._max_detail_bytes() as text.
 CREATE FUNCTION ledger._check_detail(value jsonb)
 RETURNS void
 LANGUAGE plpgsql
@@ -70,10 +76,43 @@ BEGIN
             MESSAGE = 'argument detail must be a JSON object',
             DETAIL = jsonb_build_object('argument', 'detail', 'type', jsonb_typeof(value))::text;
     END IF;
+    IF octet_length(value::text) > ledger._max_detail_bytes() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument detail must be at most %s bytes as JSON text', ledger._max_detail_bytes()),
+            DETAIL = jsonb_build_object('argument', 'detail', 'bytes', octet_length(value::text),
+                                        'max', ledger._max_detail_bytes())::text;
+    END IF;
 END
 $$;
 
--- A ttl, when given, must be positive.
+-- A duration argument (ttl, older_than): NULL passes (the caller decides
+-- whether it is required). Every part must be non-negative, so that adding it
+-- to an instant moves forward whatever the calendar ('-1 year 361 days' is
+-- "positive" by interval comparison, yet lands before its start), and the
+-- whole must lie in (0, upper]: the views add and multiply these values, and
+-- a bound keeps every result in timestamptz's range.
+CREATE FUNCTION ledger._check_duration(value interval, arg text, upper interval)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL THEN
+        RETURN;
+    END IF;
+    IF value <= interval '0' OR value > upper
+       OR date_trunc('month', value) < interval '0'
+       OR date_trunc('day', value) - date_trunc('month', value) < interval '0'
+       OR value - date_trunc('day', value) < interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument %s must be positive, with no negative part, and at most %s', arg, upper),
+            DETAIL = jsonb_build_object('argument', arg, 'value', value::text, 'max', upper::text)::text;
+    END IF;
+END
+$$;
+
+-- A ttl, when given: positive, at most ledger._max_ttl().
 CREATE FUNCTION ledger._check_ttl(value interval)
 RETURNS void
 LANGUAGE plpgsql
@@ -81,11 +120,42 @@ IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF value <= interval '0' THEN
+    PERFORM ledger._check_duration(value, 'ttl', ledger._max_ttl());
+END
+$$;
+
+-- An instant argument (slot, at), when given: inside the ledger's time range.
+CREATE FUNCTION ledger._check_instant(value timestamptz, arg text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value < ledger._min_instant() OR value >= ledger._max_instant() OR NOT isfinite(value) THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'argument ttl must be positive',
-            DETAIL = jsonb_build_object('argument', 'ttl', 'value', value::text)::text;
+            MESSAGE = format('argument %s must be a finite timestamp from %s to before %s',
+                             arg, ledger._min_instant(), ledger._max_instant()),
+            DETAIL = jsonb_build_object('argument', arg, 'value', value::text,
+                                        'min', ledger._min_instant(), 'max', ledger._max_instant())::text;
     END IF;
+END
+$$;
+
+-- A failure's error text, bounded: a longer one is cut and marked, so a
+-- runaway stack trace cannot bloat the log (the run still ends).
+CREATE FUNCTION ledger._bounded_error(value text)
+RETURNS text
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF char_length(value) <= ledger._max_error_length() THEN
+        RETURN value;
+    END IF;
+    RETURN left(value, ledger._max_error_length())
+        || format(' [truncated: %s characters in all]', char_length(value));
 END
 $$;
 
@@ -150,12 +220,17 @@ BEGIN
 END
 $$;
 
--- A token must survive a crash even when the caller set
--- synchronous_commit = off: raise it to `local` for the rest of this
--- transaction. A function-level SET clause would not do: it is undone when the
--- function returns, before COMMIT reads the setting.
-CREATE FUNCTION ledger._make_durable()
-RETURNS void
+-- A token must survive a crash whatever the caller does after the call
+-- (SET LOCAL synchronous_commit = off right before COMMIT, say). A setting
+-- made inside the function would not do: the caller can lower it again
+-- before COMMIT reads it. So the lease row carries a deferred constraint
+-- trigger (20_tables.sql): it fires inside COMMIT, after the caller's last
+-- statement, and raises synchronous_commit to `local` for the commit record
+-- of every transaction that issued a token. What stays outside: a caller
+-- that runs SET CONSTRAINTS ALL IMMEDIATE (the trigger fires at once) and
+-- then lowers the setting (docs/design.md).
+CREATE FUNCTION ledger._durable_token()
+RETURNS trigger
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -164,6 +239,115 @@ BEGIN
     IF current_setting('synchronous_commit') = 'off' THEN
         PERFORM set_config('synchronous_commit', 'local', true);
     END IF;
+    RETURN NULL;
+END
+$$;
+
+-- How long a caller of acquire, start_run or start_due_run waits for a job's
+-- lease row that another transaction holds (a careless client inside BEGIN).
+-- Past it, the call answers as if another owner held the lease.
+CREATE FUNCTION ledger._lock_wait() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $x$ SELECT '1s'::text $x$;
+
+-- The job's lease row for a caller that wants to take it, as one of:
+--   'held'    another owner's live lease, read without a lock: the caller
+--             skips, and a skip takes no row lock and waits for nobody;
+--   'locked'  the row, locked FOR UPDATE, as it is now;
+--   'created' no row existed: a new one, locked, leased to `owner` with the
+--             job's first token;
+--   'busy'    another transaction held the row past ledger._lock_wait():
+--             `lease` is the last committed row (or NULL), and the caller
+--             answers as for 'held'.
+-- Every writer takes the lease row first, then run rows, then counters.
+CREATE FUNCTION ledger._lock_lease(
+    job text, owner text, ttl interval, timeline integer,
+    OUT lease ledger.leases, OUT state text)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_wait text;
+BEGIN
+    SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job;
+    IF FOUND THEN
+        IF lease.released_at IS NULL AND lease.expires_at > clock_timestamp()
+           AND lease.owner <> _lock_lease.owner THEN
+            state := 'held';
+            RETURN;
+        END IF;
+        -- The usual case: nobody else is writing this job right now.
+        SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            state := 'locked';
+            RETURN;
+        END IF;
+    END IF;
+
+    -- Another transaction holds the row (or is inserting it): wait for it,
+    -- within the bound. The block is a subtransaction, paid only here.
+    v_wait := current_setting('lock_timeout');
+    BEGIN
+        PERFORM set_config('lock_timeout', ledger._lock_wait(), true);
+        FOR attempt IN 1 .. 3 LOOP
+            SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job FOR UPDATE;
+            IF FOUND THEN
+                state := 'locked';
+                EXIT;
+            END IF;
+            INSERT INTO ledger.leases (job, owner, token, ttl, acquired_at, expires_at, timeline)
+            SELECT _lock_lease.job, _lock_lease.owner, ledger._next_token(NULL, NULL, timeline),
+                   ttl, now_.at, now_.at + ttl, timeline
+              FROM (SELECT clock_timestamp() AS at) now_
+            ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
+            RETURNING * INTO lease;
+            IF FOUND THEN
+                state := 'created';
+                EXIT;
+            END IF;
+        END LOOP;
+        PERFORM set_config('lock_timeout', v_wait, true);
+    EXCEPTION WHEN lock_not_available THEN
+        -- The subtransaction's rollback restored lock_timeout.
+        SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job;
+        state := 'busy';
+    END;
+    IF state IS NULL THEN
+        state := 'busy';  -- three races lost in a row: answer as busy
+    END IF;
+END
+$$;
+
+-- Count a skip without waiting past `wait` for the job's counters row, which
+-- another open transaction may hold (the skip path holds no lease row lock):
+-- ledger._lock_wait(), or a few milliseconds when the caller already waited
+-- that long for the lease row. A skip count lost that way is harmless; a
+-- hang is not.
+CREATE FUNCTION ledger._count_skip(job text, wait text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_wait text;
+BEGIN
+    UPDATE ledger.counters c SET skipped_overlap = c.skipped_overlap + 1
+      FROM (SELECT t.job FROM ledger.counters t WHERE t.job = _count_skip.job
+               FOR UPDATE SKIP LOCKED) free_
+     WHERE c.job = free_.job;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    v_wait := current_setting('lock_timeout');
+    BEGIN
+        PERFORM set_config('lock_timeout', wait, true);
+        PERFORM ledger._count(job, skipped_overlap => 1);
+        PERFORM set_config('lock_timeout', v_wait, true);
+    EXCEPTION WHEN lock_not_available THEN
+        NULL;
+    END;
 END
 $$;
 

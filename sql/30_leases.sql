@@ -1,6 +1,13 @@
 -- Leases: a per-job, time-limited lock with a fencing token, taken by
 -- compare-and-set on the job's row in ledger.leases.
 
+-- Every transaction that issues a token commits durably (see
+-- ledger._durable_token): deferred, so it runs inside COMMIT itself.
+CREATE CONSTRAINT TRIGGER leases_durable_token
+    AFTER INSERT OR UPDATE OF token ON ledger.leases
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION ledger._durable_token();
+
 CREATE FUNCTION ledger.acquire(job text, owner text, ttl interval DEFAULT NULL)
 RETURNS SETOF ledger.lease
 LANGUAGE plpgsql
@@ -9,42 +16,42 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now      timestamptz;
     v_ttl      interval;
     v_timeline integer;
-    v_lease    ledger.lease;
+    v_took     record;
+    v_lease    ledger.leases;
+    v_now      timestamptz;
 BEGIN
     PERFORM ledger._check_label(job, 'job');
     PERFORM ledger._check_label(owner, 'owner');
     v_ttl := ledger._resolve_ttl(job, ttl);
-    v_now := clock_timestamp();
     v_timeline := ledger._timeline();
 
-    -- One statement: the row lock taken by ON CONFLICT makes the check and
-    -- the take atomic, so two callers can never both win. The clock is read
-    -- again once the row is locked: a caller that waited for the previous
-    -- holder must not date its lease before that holder let go.
-    INSERT INTO ledger.leases AS l
-        (job, owner, token, ttl, acquired_at, expires_at, released_at, timeline)
-    VALUES (acquire.job, acquire.owner, ledger._next_token(NULL, NULL, v_timeline),
-            v_ttl, v_now, v_now + v_ttl, NULL, v_timeline)
-    ON CONFLICT ON CONSTRAINT leases_pkey DO UPDATE SET
-        owner       = excluded.owner,
-        token       = ledger._next_token(l.token, l.timeline, excluded.timeline),
-        ttl         = excluded.ttl,
-        (acquired_at, expires_at) = (SELECT now_.at, now_.at + excluded.ttl
-                                       FROM (SELECT clock_timestamp() AS at) now_),
-        released_at = NULL,
-        timeline    = excluded.timeline
-    WHERE l.expires_at <= clock_timestamp()
-       OR l.released_at IS NOT NULL
-       OR l.owner = excluded.owner
-    RETURNING l.job, l.owner, l.token, l.acquired_at, l.expires_at
-    INTO v_lease;
+    v_took := ledger._lock_lease(job, owner, v_ttl, v_timeline);
+    v_lease := v_took.lease;
+    IF v_took.state = 'created' THEN
+        RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
+        RETURN;
+    ELSIF v_took.state IN ('held', 'busy') THEN
+        RETURN;
+    END IF;
 
-    IF FOUND THEN
-        PERFORM ledger._make_durable();
-        RETURN NEXT v_lease;
+    -- Locked: free, expired, or already ours? Then take it with a new token.
+    -- The clock is read once the row is locked: a caller that waited for the
+    -- previous holder must not date its lease before that holder let go.
+    v_now := clock_timestamp();
+    IF v_lease.expires_at <= v_now OR v_lease.released_at IS NOT NULL OR v_lease.owner = owner THEN
+        UPDATE ledger.leases l SET
+            owner       = acquire.owner,
+            token       = ledger._next_token(l.token, l.timeline, v_timeline),
+            ttl         = v_ttl,
+            acquired_at = v_now,
+            expires_at  = v_now + v_ttl,
+            released_at = NULL,
+            timeline    = v_timeline
+         WHERE l.job = acquire.job
+        RETURNING * INTO v_lease;
+        RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
     END IF;
 END
 $$;
@@ -131,21 +138,19 @@ $$;
 COMMENT ON FUNCTION ledger.is_current(text, bigint) IS
     'True when the token is the job''s current token and its lease has not expired';
 
-CREATE FUNCTION ledger.assert_current(job text, token bigint)
+-- LD001 unless `token` is the job's current token and its lease is live:
+-- the body of assert_current, and the first check of both fences.
+CREATE FUNCTION ledger._assert_live(job text, token bigint)
 RETURNS void
 LANGUAGE plpgsql
 STABLE
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_lease ledger.leases;
-    v_now   timestamptz := clock_timestamp();
 BEGIN
-    PERFORM ledger._check_label(job, 'job');
-    PERFORM ledger._check_token(token);
-    SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = assert_current.job;
-    IF v_lease.token = token AND v_lease.released_at IS NULL AND v_lease.expires_at > v_now THEN
+    SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = _assert_live.job;
+    IF v_lease.token = token AND v_lease.released_at IS NULL AND v_lease.expires_at > clock_timestamp() THEN
         RETURN;
     END IF;
     PERFORM ledger._raise('LD001',
@@ -157,6 +162,20 @@ BEGIN
             'holder', v_lease.owner,
             'expires_at', v_lease.expires_at,
             'released', v_lease.released_at IS NOT NULL));
+END
+$$;
+
+CREATE FUNCTION ledger.assert_current(job text, token bigint)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    PERFORM ledger._check_token(token);
+    PERFORM ledger._assert_live(job, token);
 END
 $$;
 COMMENT ON FUNCTION ledger.assert_current(text, bigint) IS

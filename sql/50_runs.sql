@@ -19,6 +19,7 @@ DECLARE
     v_now      timestamptz;
     v_ttl      interval;
     v_timeline integer;
+    v_took     record;
     v_lease    ledger.leases;
     v_running  ledger.job_execution_log;
     v_lost     bigint := 0::bigint;
@@ -29,14 +30,14 @@ BEGIN
     PERFORM ledger._check_label(owner, 'owner');
     PERFORM ledger._check_label(idempotency_key, 'idempotency_key', false);
     PERFORM ledger._check_detail(detail);
-    IF NOT isfinite(slot) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument slot must be a finite timestamp',
-            DETAIL = jsonb_build_object('argument', 'slot', 'value', slot)::text;
-    END IF;
-    -- One read of the job's registration serves the ttl default and the pause.
+    PERFORM ledger._check_instant(slot, 'slot');
+    -- One read of the job's registration serves the ttl default, the slot
+    -- check and the pause.
     SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = start_run.job;
     v_ttl := ledger._resolve_ttl(job, coalesce(ttl, v_job.ttl));
-    v_timeline := ledger._timeline();
+    IF slot IS NOT NULL AND v_job.schedule IS NOT NULL THEN
+        PERFORM ledger._check_slot(v_job, slot);
+    END IF;
     v_result.slot := slot;
 
     IF v_job.paused THEN
@@ -44,47 +45,35 @@ BEGIN
         RETURN v_result;
     END IF;
 
-    -- Lock the job's lease row; create it for a job that never had one.
-    LOOP
-        SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = start_run.job FOR UPDATE;
-        -- Read the clock once locked: a start that waited for the previous
-        -- run to end must not date itself before that end.
-        v_now := clock_timestamp();
-        EXIT WHEN FOUND;
-        INSERT INTO ledger.leases (job, owner, token, ttl, acquired_at, expires_at, timeline)
-        VALUES (start_run.job, start_run.owner, ledger._next_token(NULL, NULL, v_timeline),
-                v_ttl, v_now, v_now + v_ttl, v_timeline)
-        ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
-        RETURNING * INTO v_lease;
-        IF FOUND THEN
-            -- A job with no lease row has no runs: nothing to check.
-            RETURN ledger._insert_run(v_lease, slot, idempotency_key, detail, 0);
-        END IF;
-    END LOOP;
+    v_timeline := ledger._timeline();
+    v_took := ledger._lock_lease(job, owner, v_ttl, v_timeline);
+    v_lease := v_took.lease;
+    IF v_took.state = 'created' THEN
+        -- A job with no lease row has no runs: nothing to check.
+        RETURN ledger._insert_run(v_lease, slot, idempotency_key, detail, 0);
+    END IF;
+    -- Read the clock once locked: a start that waited for the previous run
+    -- to end must not date itself before that end.
+    v_now := clock_timestamp();
 
-    -- The previous run: still running while its lease expired, ended or went
-    -- to another token? Its runner is gone or a zombie: close it.
-    SELECT * INTO v_running FROM ledger.job_execution_log r
-     WHERE r.job = start_run.job AND r.status = 'running';
-    IF FOUND AND (v_lease.token <> v_running.token
-                  OR v_lease.released_at IS NOT NULL
-                  OR v_lease.expires_at <= v_now) THEN
-        PERFORM ledger._close_run(v_running.run_id,
-            CASE WHEN v_lease.token <> v_running.token THEN 'superseded' ELSE 'lease_expired' END,
-            v_now);
-        v_lost := v_lost + 1;
-        v_running := NULL;
+    IF v_took.state = 'locked' THEN
+        -- The previous run: still running while its lease expired, ended or
+        -- went to another token? Its runner is gone or a zombie: close it.
+        SELECT * INTO v_running FROM ledger.job_execution_log r
+         WHERE r.job = start_run.job AND r.status = 'running';
+        IF FOUND AND (v_lease.token <> v_running.token
+                      OR v_lease.released_at IS NOT NULL
+                      OR v_lease.expires_at <= v_now) THEN
+            PERFORM ledger._close_run(v_running.run_id,
+                CASE WHEN v_lease.token <> v_running.token THEN 'superseded' ELSE 'lease_expired' END,
+                v_now);
+            v_lost := v_lost + 1;
+            v_running := NULL;
+        END IF;
     END IF;
 
     -- That slot or key already succeeded or is running (wins over overlap).
-    IF (slot IS NOT NULL AND EXISTS (
-            SELECT FROM ledger.job_execution_log r
-             WHERE r.job = start_run.job AND r.slot = start_run.slot
-               AND r.status IN ('running', 'success')))
-       OR (idempotency_key IS NOT NULL AND EXISTS (
-            SELECT FROM ledger.job_execution_log r
-             WHERE r.job = start_run.job AND r.idempotency_key = start_run.idempotency_key
-               AND r.status IN ('running', 'success'))) THEN
+    IF ledger._already_done(job, slot, idempotency_key) THEN
         IF v_lost > 0 THEN
             PERFORM ledger._count(job, failures => v_lost, leases_lost => v_lost);
         END IF;
@@ -92,9 +81,16 @@ BEGIN
         RETURN v_result;
     END IF;
 
-    -- Another owner's live lease: a normal skip, counted apart from failures.
-    IF v_lease.released_at IS NULL AND v_lease.expires_at > v_now AND v_lease.owner <> owner THEN
-        PERFORM ledger._count(job, skipped_overlap => 1, failures => v_lost, leases_lost => v_lost);
+    -- Another owner's live lease (or a row another transaction holds past
+    -- the lock bound): a normal skip, counted apart from failures.
+    IF v_took.state IN ('held', 'busy')
+       OR (v_lease.released_at IS NULL AND v_lease.expires_at > v_now AND v_lease.owner <> owner) THEN
+        IF v_took.state = 'locked' THEN
+            PERFORM ledger._count(job, skipped_overlap => 1, failures => v_lost, leases_lost => v_lost);
+        ELSE
+            PERFORM ledger._count_skip(job, wait => CASE v_took.state WHEN 'held' THEN ledger._lock_wait()
+                                                                      ELSE '10ms' END);
+        END IF;
         v_result.outcome := 'skipped_overlap';
         v_result.holder := v_lease.owner;
         v_result.holder_expires_at := v_lease.expires_at;
@@ -123,6 +119,33 @@ $$;
 COMMENT ON FUNCTION ledger.start_run(text, text, interval, timestamptz, text, jsonb) IS
     'Check the previous run, take the lease and log a running run, in one transaction';
 
+-- A slot or an idempotency key that succeeded or is running, including
+-- those whose runs purge_log removed (it leaves ledger.purged_slots and
+-- ledger.purged_keys behind, so a purge never revives them).
+CREATE FUNCTION ledger._already_done(job text, slot timestamptz, idempotency_key text)
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (slot IS NOT NULL AND (
+               EXISTS (SELECT FROM ledger.job_execution_log r
+                        WHERE r.job = _already_done.job AND r.slot = _already_done.slot
+                          AND r.status IN ('running', 'success'))
+               OR EXISTS (SELECT FROM ledger.purged_slots p
+                           WHERE p.job = _already_done.job AND p.done_through >= _already_done.slot)))
+        OR (idempotency_key IS NOT NULL AND (
+               EXISTS (SELECT FROM ledger.job_execution_log r
+                        WHERE r.job = _already_done.job
+                          AND r.idempotency_key = _already_done.idempotency_key
+                          AND r.status IN ('running', 'success'))
+               OR EXISTS (SELECT FROM ledger.purged_keys k
+                           WHERE k.job = _already_done.job
+                             AND k.idempotency_key = _already_done.idempotency_key)));
+END
+$$;
+
 -- Log a running run under a lease the caller has just taken (and holds
 -- locked); count it, with `lost` earlier runs closed on the way.
 CREATE FUNCTION ledger._insert_run(
@@ -141,7 +164,6 @@ BEGIN
             'running', lease.acquired_at, lease.acquired_at, _insert_run.detail)
     RETURNING run_id INTO v_result.run_id;
     PERFORM ledger._count(lease.job, runs_started => 1, failures => lost, leases_lost => lost);
-    PERFORM ledger._make_durable();
     v_result.outcome := 'started';
     v_result.token := lease.token;
     v_result.expires_at := lease.expires_at;
@@ -293,7 +315,7 @@ BEGIN
     UPDATE ledger.job_execution_log r SET
         status         = _end_run.status,
         failure_reason = _end_run.failure_reason,
-        error          = _end_run.error,
+        error          = ledger._bounded_error(_end_run.error),
         completed_at   = v_now,
         detail         = CASE WHEN _end_run.detail IS NULL THEN r.detail
                               ELSE coalesce(r.detail, '{}'::jsonb) || _end_run.detail END

@@ -40,6 +40,32 @@ BEGIN
 END
 $$;
 
+-- An explicit slot for a scheduled job must be one of its schedule's slots
+-- and not in the future: a run for '200000-01-01' would otherwise succeed,
+-- leave nothing due for ever, and silence the job without an alert.
+CREATE FUNCTION ledger._check_slot(job ledger.jobs, slot timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF slot > clock_timestamp() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument slot %s is in the future: job %s runs a slot once it is due', slot, job.job),
+            DETAIL = jsonb_build_object('argument', 'slot', 'job', job.job, 'value', slot)::text;
+    END IF;
+    IF ledger._slot_at_or_before(job.schedule_spec, job.time_zone, slot) IS DISTINCT FROM slot THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument slot %s is not a slot of job %s (schedule %s in %s)',
+                             slot, job.job, job.schedule, job.time_zone),
+            DETAIL = jsonb_build_object('argument', 'slot', 'job', job.job, 'value', slot,
+                                        'schedule', job.schedule, 'time_zone', job.time_zone,
+                                        'previous_slot', ledger._slot_at_or_before(job.schedule_spec, job.time_zone, slot))::text;
+    END IF;
+END
+$$;
+
 -- The newest slot that succeeded or is running: where catch-up starts. A
 -- run still marked running whose lease expired (its runner crashed) does not
 -- count: its slot stays due, and start_run closes it before retrying.
@@ -118,9 +144,11 @@ BEGIN
     PERFORM ledger._check_label(job, 'job');
     IF max_backfill IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument max_backfill must not be null';
-    ELSIF max_backfill < 1 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument max_backfill must be at least 1',
-            DETAIL = jsonb_build_object('argument', 'max_backfill', 'value', max_backfill)::text;
+    ELSIF max_backfill < 1 OR max_backfill > ledger._max_backfill() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument max_backfill must be from 1 to %s', ledger._max_backfill()),
+            DETAIL = jsonb_build_object('argument', 'max_backfill', 'value', max_backfill,
+                                        'max', ledger._max_backfill())::text;
     END IF;
     PERFORM ledger._check_ttl(ttl);
     PERFORM ledger._check_time_zone(time_zone);
@@ -200,10 +228,7 @@ DECLARE
     v_job ledger.jobs;
 BEGIN
     PERFORM ledger._check_label(job, 'job');
-    IF NOT isfinite(at) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument at must be a finite timestamp',
-            DETAIL = jsonb_build_object('argument', 'at', 'value', at)::text;
-    END IF;
+    PERFORM ledger._check_instant(at, 'at');
     v_job := ledger._scheduled_job(job);
     IF v_job.paused THEN
         RETURN;
@@ -287,10 +312,8 @@ DECLARE
 BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument older_than must not be null';
-    ELSIF older_than <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument older_than must be positive',
-            DETAIL = jsonb_build_object('argument', 'older_than', 'value', older_than::text)::text;
     END IF;
+    PERFORM ledger._check_duration(older_than, 'older_than', ledger._max_older_than());
     v_cutoff := clock_timestamp() - older_than;
 
     -- Keep each job's newest success, by slot (catch-up starts from it) and
@@ -311,7 +334,20 @@ BEGIN
          WHERE r.status <> 'running'
            AND r.completed_at < v_cutoff
            AND r.run_id NOT IN (SELECT keep.run_id FROM keep)
-        RETURNING 1
+        RETURNING r.run_id, r.job, r.slot, r.idempotency_key, r.status, r.completed_at
+    ), slots_done AS (
+        -- What a purge must not forget: the slots and keys that succeeded.
+        INSERT INTO ledger.purged_slots AS p (job, done_through)
+        SELECT purged.job, max(purged.slot) FROM purged
+         WHERE purged.status = 'success' AND purged.slot IS NOT NULL
+         GROUP BY purged.job
+        ON CONFLICT ON CONSTRAINT purged_slots_pkey DO UPDATE SET
+            done_through = greatest(p.done_through, excluded.done_through)
+    ), keys_done AS (
+        INSERT INTO ledger.purged_keys (job, idempotency_key, run_id, completed_at)
+        SELECT purged.job, purged.idempotency_key, purged.run_id, purged.completed_at FROM purged
+         WHERE purged.status = 'success' AND purged.idempotency_key IS NOT NULL
+        ON CONFLICT ON CONSTRAINT purged_keys_pkey DO NOTHING
     )
     SELECT count(*) INTO v_deleted FROM purged;
 

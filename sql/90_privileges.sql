@@ -46,3 +46,50 @@ BEGIN
     END LOOP;
 END
 $pure$;
+
+-- Least privilege for the ledger itself: everything in the schema belongs to
+-- ledger_owner (NOLOGIN, no other privileges), so a SECURITY DEFINER
+-- function runs as that role, never as the superuser who may have installed
+-- it. The installer keeps the schema (DROP SCHEMA ledger CASCADE still
+-- uninstalls) and alembic's version table. To hand objects to ledger_owner
+-- the installer must be a member: a superuser is; a CREATEROLE user that
+-- created the role grants it to itself; otherwise an administrator has.
+DO $owner$
+DECLARE
+    v_object record;
+BEGIN
+    IF NOT pg_catalog.pg_has_role(current_user, 'ledger_owner', 'USAGE') THEN
+        BEGIN
+            EXECUTE format('GRANT ledger_owner TO %I', current_user);
+        EXCEPTION WHEN insufficient_privilege OR invalid_grant_operation THEN
+            RAISE EXCEPTION USING ERRCODE = '42501',
+                MESSAGE = format('%s must be a member of ledger_owner to install the ledger', current_user),
+                HINT = format('An administrator runs once: GRANT ledger_owner TO %I;', current_user);
+        END;
+    END IF;
+    GRANT USAGE, CREATE ON SCHEMA ledger TO ledger_owner;
+    FOR v_object IN
+        SELECT format('ALTER %s %s OWNER TO ledger_owner',
+                      CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END,
+                      c.oid::regclass) AS statement
+          FROM pg_catalog.pg_class c
+         WHERE c.relnamespace = 'ledger'::regnamespace
+           AND c.relkind IN ('r', 'v', 'p')
+           AND c.relname <> 'alembic_version'
+        UNION ALL
+        SELECT format('ALTER ROUTINE %s OWNER TO ledger_owner', p.oid::regprocedure)
+          FROM pg_catalog.pg_proc p
+         WHERE p.pronamespace = 'ledger'::regnamespace
+        UNION ALL
+        SELECT format('ALTER %s %s OWNER TO ledger_owner',
+                      CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, t.oid::regtype)
+          FROM pg_catalog.pg_type t
+         WHERE t.typnamespace = 'ledger'::regnamespace
+           AND t.typtype IN ('c', 'd')
+           AND NOT EXISTS (SELECT FROM pg_catalog.pg_class c
+                            WHERE c.oid = t.typrelid AND c.relkind <> 'c')
+    LOOP
+        EXECUTE v_object.statement;
+    END LOOP;
+END
+$owner$;

@@ -22,6 +22,8 @@ from ledger.migrate import install_script
 
 
 def _bindir() -> Path | None:
+    if os.environ.get("LEDGER_TEST_PG_BINDIR"):  # the server under test (tests/matrix.py)
+        return Path(os.environ["LEDGER_TEST_PG_BINDIR"])
     found = shutil.which("pg_ctl")
     if found:
         return Path(found).resolve().parent

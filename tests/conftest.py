@@ -5,6 +5,11 @@ The server is the one named by the standard PG* variables (default
 127.0.0.1:5432, user postgres). When none answers, the embedded server from
 the `embedded` extra (pgserver) is started, so the suite also runs on a laptop
 without PostgreSQL.
+
+With LEDGER_TEST_PG_BINDIR=/path/to/bin, the session instead starts a private
+cluster from the server binaries there (tests/matrix.py: PrivateServer; that
+is how `make test-matrix` runs the suite on every supported major version) and
+stops it at the end; tests/cluster.py then uses the same binaries.
 """
 
 from __future__ import annotations
@@ -53,8 +58,39 @@ def _running_server() -> Server | None:
         return None
 
 
+def _private_server(bindir: str) -> Iterator[Server]:
+    from matrix import PrivateServer  # tests/matrix.py
+
+    try:
+        private = PrivateServer(bindir)
+    except OSError as error:
+        pytest.exit(f"LEDGER_TEST_PG_BINDIR={bindir}: {error}", returncode=3)
+    try:
+        private.start()
+    except (OSError, RuntimeError) as error:
+        private.stop()
+        pytest.exit(f"LEDGER_TEST_PG_BINDIR={bindir}: cannot start a private server: {error}", returncode=3)
+    # Anything that falls back on the PG* variables must reach this server too.
+    saved = {key: os.environ.get(key) for key in ("PGHOST", "PGPORT", "PGUSER", "PGPASSWORD")}
+    os.environ.update(PGHOST="127.0.0.1", PGPORT=str(private.port), PGUSER="postgres")
+    os.environ.pop("PGPASSWORD", None)
+    try:
+        yield Server(host="127.0.0.1", port=private.port, user="postgres", password=None)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        private.stop()
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[Server]:
+    bindir = os.environ.get("LEDGER_TEST_PG_BINDIR")
+    if bindir:
+        yield from _private_server(bindir)
+        return
     server = _running_server()
     if server is not None:
         yield server

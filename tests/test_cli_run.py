@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -215,6 +216,49 @@ def test_durations_are_checked_before_anything_runs(dsn, tmp_path):
     result = jobledger("run", "job", "--ttl", "soon", "--", "true", dsn=dsn)
     assert result.returncode == 2
     assert "cannot read 'soon' as a duration" in result.stderr
+
+
+def test_the_help_of_run_names_the_environment_the_job_aware_fence_needs():
+    result = jobledger("run", "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    for name in ("LEDGER_JOB", "LEDGER_FENCING_TOKEN", "LEDGER_DSN", "ledger.fence(job =>"):
+        assert name in text, name
+
+
+def _readme_fencing_script() -> str:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### Wrapping a command: `jobledger run`", 1)[1].split("\n### ", 1)[0]
+    [script] = [block for block in re.findall(r"```sh\n(.*?)```", section, re.S) if "ledger.fence(" in block]
+    return script
+
+
+def test_cmd_fences_its_write_with_ledger_job_and_a_stale_or_foreign_token_writes_nothing(dsn, db, tmp_path):
+    """The README's fencing command: CMD fences with LEDGER_JOB and LEDGER_FENCING_TOKEN."""
+    db.execute("CREATE TABLE feed (published_at timestamptz, token bigint)")
+    script = tmp_path / "publish.sh"
+    script.write_text(_readme_fencing_script())
+    script.chmod(0o755)
+    result = jobledger("run", "publish", "--ttl", "1m", "--", "./publish.sh", cwd=tmp_path,
+                       env=environment(dsn))
+    assert result.returncode == 0, result.stderr
+    [run] = runs_of(db, "publish")
+    assert run["status"] == "success"
+    assert db.execute("SELECT token FROM feed").fetchall() == [(run["token"],)]
+    assert db.execute("SELECT job, token FROM ledger.fences WHERE resource = 'feed'").fetchone() == \
+        ("publish", run["token"])
+
+    # The same command by hand, later, with the old run's facts: a zombie. The fence refuses it.
+    zombie = subprocess.run(["./publish.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env=environment(dsn, LEDGER_JOB="publish", LEDGER_FENCING_TOKEN=str(run["token"])))
+    assert zombie.returncode == 3 and "lease superseded" in zombie.stderr, zombie.stderr
+    # Another job's run of it: "feed" belongs to job publish (LD006), CMD fails, the run with it.
+    other = jobledger("run", "republish", "--ttl", "1m", "--", "./publish.sh", cwd=tmp_path,
+                      env=environment(dsn))
+    assert other.returncode == 3, other.stderr
+    [failed] = runs_of(db, "republish")
+    assert failed["status"] == "failure" and "fence of another job" in failed["error"]
+    assert db.execute("SELECT token FROM feed").fetchall() == [(run["token"],)]
 
 
 def _readme_crontab_job_line() -> str:

@@ -14,6 +14,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from ledger import (
+    FenceOfAnotherJob,
     InvalidArgument,
     LeaseLost,
     LeaseSuperseded,
@@ -22,6 +23,7 @@ from ledger import (
     StaleToken,
     default_owner,
 )
+from ledger.client import advance_fence, fence
 from ledger.errors import translate
 
 SECOND = timedelta(seconds=1)
@@ -48,6 +50,18 @@ def backends(db) -> int:
                       "AND pid <> pg_backend_pid()").fetchone()[0]
 
 
+def fence_row(db, resource):
+    return db.execute("SELECT job, token FROM ledger.fences WHERE resource = %s", (resource,)).fetchone()
+
+
+def wait_until_blocked(db, pid, thread, timeout=30):
+    """Poll until backend ``pid`` waits for a lock (while ``thread`` still runs)."""
+    deadline = time.monotonic() + timeout
+    while db.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] != "Lock":
+        assert thread.is_alive() and time.monotonic() < deadline, "the fence never waited for the lock"
+        time.sleep(0.01)
+
+
 def settle(db, expected: int) -> int:
     # A backend leaves pg_stat_activity a moment after its client closed.
     deadline = time.monotonic() + 3
@@ -67,7 +81,7 @@ def test_a_run_logs_success_with_its_detail_and_a_fencing_token(ledger, db):
     assert run.result.detail == {"batch": 7, "rows": 1}
     assert run.result.owner == "worker-1" and run.result.run_id == run.run_id
     assert not run.lost.is_set()
-    assert db.execute("SELECT token FROM ledger.fences WHERE resource = 'reports'").fetchone()[0] == 1
+    assert fence_row(db, "reports") == ("nightly", 1)  # bound to the run's job
 
 
 def test_a_skip_is_not_an_exception_and_says_who_holds_the_job(ledger, db):
@@ -160,23 +174,100 @@ def test_the_fence_rejects_a_holder_whose_lease_was_taken_before_it_noticed(ledg
         with pytest.raises(LeaseLost) as rejected, db.transaction():
             run.fence(db, "reports")
             db.execute("INSERT INTO reports VALUES ('zombie', %s)", (run.token,))
-        assert isinstance(rejected.value.__cause__, LeaseSuperseded)
+        assert isinstance(rejected.value.__cause__, LeaseSuperseded)  # LD001 from the fence itself
+        assert rejected.value.current_token == run.token + 1 and rejected.value.holder == "intruder"
         assert run.lost.is_set()
+        with pytest.raises(LeaseLost), db.transaction():
+            run.advance_fence(db, "reports")
     assert db.execute("SELECT count(*) FROM reports").fetchone()[0] == 0
+    assert fence_row(db, "reports") is None
 
 
-def test_a_higher_token_at_the_fence_is_stale_token_not_a_lost_lease(ledger, db):
-    # Another job wrote the same resource with a higher token: the lease is fine.
-    db.execute("SELECT ledger.fence(resource => 'reports', token => 99)")
-    with ledger.run("nightly", ttl=timedelta(minutes=1)) as run:
-        with pytest.raises(StaleToken) as stale, db.transaction():
+def test_a_takeover_that_wrote_between_the_fences_check_and_its_lock_marks_the_run_lost(ledger, db, connect):
+    # LD002: the token was still current when the fence checked it, but the
+    # takeover (open transaction, fence row locked) wrote first and committed.
+    with pytest.raises(LeaseLost), ledger.run("nightly", ttl=timedelta(minutes=1),
+                                              heartbeat_interval=timedelta(hours=1)) as run:
+        with db.transaction():
             run.fence(db, "reports")
-        assert stale.value.highest_token == 99
-        assert not run.lost.is_set()
+        takeover = connect(autocommit=False)
+        assert takeover.execute("SELECT ledger.release(job => 'nightly', owner => 'worker-1', token => %s)",
+                                (run.token,)).fetchone()[0]
+        new = takeover.execute("SELECT token FROM ledger.start_run(job => 'nightly', owner => 'thief', "
+                               "ttl => '1 minute')").fetchone()[0]
+        takeover.execute("SELECT ledger.fence(job => 'nightly', resource => 'reports', token => %s)", (new,))
+        zombie = connect()
+        outcome: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                with zombie.transaction():
+                    run.fence(zombie, "reports")
+                    zombie.execute("INSERT INTO reports VALUES ('zombie', %s)", (run.token,))
+            except BaseException as error:
+                outcome.append(error)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        wait_until_blocked(db, zombie.info.backend_pid, writer)
+        takeover.commit()
+        writer.join(30)
+        [error] = outcome
+        assert isinstance(error, LeaseLost) and isinstance(error.__cause__, StaleToken)
+        assert error.__cause__.highest_token == new and error.__cause__.token == run.token
+        assert run.lost.is_set()
+        with pytest.raises(LeaseLost):
+            run.fence(db, "reports")
+    assert db.execute("SELECT count(*) FROM reports").fetchone()[0] == 0
+    assert fence_row(db, "reports") == ("nightly", new)
+
+
+def test_a_resource_of_another_job_is_fence_of_another_job_not_a_lost_lease(ledger, db):
+    indexer = ledger.acquire("indexer", timedelta(minutes=1), owner="indexer-host")
+    assert indexer is not None
+    assert fence(db, "indexer", "reports", indexer.token) == indexer.token  # "reports" is the indexer's now
+    with ledger.run("nightly", ttl=timedelta(minutes=1)) as run:
+        assert run.token == 1 and indexer.token == 1  # tokens of two jobs: numbers that mean nothing to each other
+        with pytest.raises(FenceOfAnotherJob) as theirs, db.transaction():
+            run.fence(db, "reports")
+            db.execute("INSERT INTO reports VALUES ('nightly', %s)", (run.token,))
+        assert theirs.value.sqlstate == "LD006" and isinstance(theirs.value.__cause__, psycopg.Error)
+        assert theirs.value.facts == {"resource": "reports", "job": "nightly", "bound_job": "indexer",
+                                      "token": run.token}
+        assert theirs.value.bound_job == "indexer"
+        assert not run.lost.is_set()  # a programming error, not a lost lease
+        with pytest.raises(FenceOfAnotherJob), db.transaction():
+            run.advance_fence(db, "reports")
         with db.transaction():
             assert run.advance_fence(db, "other") is True
             assert run.advance_fence(db, "other") is False
     assert run.result is not None and run.result.status == "success"
+    assert db.execute("SELECT count(*) FROM reports").fetchone()[0] == 0
+    assert fence_row(db, "reports") == ("indexer", indexer.token)
+    assert fence_row(db, "other") == ("nightly", run.token)
+
+
+def test_the_module_level_fences_take_the_job_and_raise_the_ledger_errors_as_they_come(ledger, db):
+    lease = ledger.acquire("indexer", timedelta(minutes=1))
+    assert lease is not None
+    with db.transaction():
+        assert fence(db, "indexer", "index", lease.token) == lease.token
+        assert fence(db, "indexer", "index", lease.token) == lease.token  # lenient: again with one token
+        assert advance_fence(db, "indexer", "once", lease.token) is True
+        assert advance_fence(db, "indexer", "once", lease.token) is False  # strict: one write per token
+    assert fence_row(db, "index") == ("indexer", lease.token)
+    other = ledger.acquire("nightly", timedelta(minutes=1))
+    assert other is not None
+    with pytest.raises(FenceOfAnotherJob) as theirs:
+        fence(db, "nightly", "index", other.token)
+    assert (theirs.value.job, theirs.value.bound_job, theirs.value.resource) == ("nightly", "indexer", "index")
+    # Without a context nothing is marked: the zombie gets the ledger's LD001 itself.
+    assert ledger.release("indexer", lease.token)
+    for call in (fence, advance_fence):
+        with pytest.raises(LeaseSuperseded) as zombie:
+            call(db, "indexer", "index", lease.token)
+        assert (zombie.value.job, zombie.value.token, zombie.value.released) == ("indexer", lease.token, True)
+    assert fence_row(db, "index") == ("indexer", lease.token)
 
 
 def test_a_plain_lease_is_renewed_past_its_ttl_and_released_on_exit(ledger, db):
@@ -187,6 +278,7 @@ def test_a_plain_lease_is_renewed_past_its_ttl_and_released_on_exit(ledger, db):
         with db.transaction():
             assert lease.fence(db, "reports") == 1
     assert lease.released is True and not lease.lost.is_set()
+    assert fence_row(db, "reports") == ("singleton", 1)  # the lease's own job
     taken = ledger.acquire("singleton", SECOND, owner="other")
     assert taken is not None and taken.token > lease.token
 

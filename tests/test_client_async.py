@@ -14,7 +14,8 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from ledger import AsyncLedger, LeaseLost, LeaseSuperseded, RunNotFound
+from ledger import AsyncLedger, FenceOfAnotherJob, LeaseLost, LeaseSuperseded, RunNotFound, StaleToken
+from ledger.aio import advance_fence, fence
 
 SECOND = timedelta(seconds=1)
 
@@ -32,6 +33,10 @@ def log_row(db, run_id):
 
 async def aconnect(dsn, autocommit=True) -> psycopg.AsyncConnection:
     return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit)
+
+
+def fence_row(db, resource):
+    return db.execute("SELECT job, token FROM ledger.fences WHERE resource = %s", (resource,)).fetchone()
 
 
 async def other_start(dsn, job, owner="intruder", ttl="30 seconds"):
@@ -146,14 +151,100 @@ def test_the_fence_rejects_a_holder_whose_lease_was_taken_before_it_noticed(dsn,
                 async with ledger.run("nightly", ttl=SECOND, heartbeat_interval=timedelta(hours=1)) as run:
                     await asyncio.sleep(1.2)
                     assert (await other_start(dsn, "nightly"))[0] == "started"
-                    with pytest.raises(LeaseLost):
+                    with pytest.raises(LeaseLost) as rejected:
                         async with conn.transaction():
                             await run.fence(conn, "reports")
                             await conn.execute("INSERT INTO reports VALUES ('zombie', 1)")
+                    assert isinstance(rejected.value.__cause__, LeaseSuperseded)  # LD001 from the fence itself
+                    assert rejected.value.current_token == run.token + 1
                     assert run.lost.is_set()
+                    with pytest.raises(LeaseLost):
+                        async with conn.transaction():
+                            await run.advance_fence(conn, "reports")
 
     asyncio.run(main())
     assert reports.execute("SELECT count(*) FROM reports").fetchone()[0] == 0
+    assert fence_row(reports, "reports") is None
+
+
+def test_a_takeover_that_wrote_between_the_fences_check_and_its_lock_marks_the_run_lost(dsn, reports):
+    # LD002, as in the sync test: the takeover's open transaction holds the fence row.
+    async def main():
+        async with AsyncLedger(dsn, owner="worker-1") as ledger, await aconnect(dsn) as zombie, \
+                await aconnect(dsn, autocommit=False) as takeover, await aconnect(dsn) as probe:
+            with pytest.raises(LeaseLost):
+                async with ledger.run("nightly", ttl=timedelta(minutes=1),
+                                      heartbeat_interval=timedelta(hours=1)) as run:
+                    async with zombie.transaction():
+                        await run.fence(zombie, "reports")
+                    await takeover.execute("SELECT ledger.release(job => 'nightly', owner => 'worker-1', "
+                                           "token => %s)", (run.token,))
+                    cur = await takeover.execute("SELECT token FROM ledger.start_run(job => 'nightly', "
+                                                 "owner => 'thief', ttl => '1 minute')")
+                    new = (await cur.fetchone())[0]
+                    await takeover.execute("SELECT ledger.fence(job => 'nightly', resource => 'reports', "
+                                           "token => %s)", (new,))
+
+                    async def write():
+                        async with zombie.transaction():
+                            await run.fence(zombie, "reports")
+                            await zombie.execute("INSERT INTO reports VALUES ('zombie', %s)", (run.token,))
+
+                    writer = asyncio.create_task(write())
+                    deadline = time.monotonic() + 30
+                    while True:
+                        cur = await probe.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                                  (zombie.info.backend_pid,))
+                        if (await cur.fetchone())[0] == "Lock":
+                            break
+                        assert not writer.done() and time.monotonic() < deadline, "the fence never waited"
+                        await asyncio.sleep(0.01)
+                    await takeover.commit()
+                    with pytest.raises(LeaseLost) as rejected:
+                        await asyncio.wait_for(writer, 30)
+                    assert isinstance(rejected.value.__cause__, StaleToken)
+                    assert rejected.value.__cause__.highest_token == new
+                    assert run.lost.is_set()
+            return new
+
+    new = asyncio.run(main())
+    assert reports.execute("SELECT count(*) FROM reports").fetchone()[0] == 0
+    assert fence_row(reports, "reports") == ("nightly", new)
+
+
+def test_a_resource_of_another_job_is_fence_of_another_job_not_a_lost_lease(dsn, reports):
+    async def main():
+        async with AsyncLedger(dsn, owner="worker-1") as ledger, await aconnect(dsn) as conn:
+            indexer = await ledger.acquire("indexer", timedelta(minutes=1), owner="indexer-host")
+            assert indexer is not None
+            assert await fence(conn, "indexer", "reports", indexer.token) == indexer.token
+            async with ledger.run("nightly", ttl=timedelta(minutes=1)) as run:
+                with pytest.raises(FenceOfAnotherJob) as theirs:
+                    async with conn.transaction():
+                        await run.fence(conn, "reports")
+                        await conn.execute("INSERT INTO reports VALUES ('nightly', %s)", (run.token,))
+                assert theirs.value.facts == {"resource": "reports", "job": "nightly", "bound_job": "indexer",
+                                              "token": run.token}
+                assert not run.lost.is_set()
+                with pytest.raises(FenceOfAnotherJob):
+                    async with conn.transaction():
+                        await run.advance_fence(conn, "reports")
+                async with conn.transaction():
+                    assert await run.advance_fence(conn, "other") is True
+                    assert await run.advance_fence(conn, "other") is False
+                # The module-level helpers: the job is an argument, the ledger's errors come as they are.
+                with pytest.raises(FenceOfAnotherJob):
+                    await advance_fence(conn, "nightly", "reports", run.token)
+                assert not run.lost.is_set()
+            with pytest.raises(LeaseSuperseded):  # the run ended: its token fences nothing any more
+                await fence(conn, "nightly", "other", run.token)
+            return indexer, run
+
+    indexer, run = asyncio.run(main())
+    assert run.result is not None and run.result.status == "success"
+    assert reports.execute("SELECT count(*) FROM reports").fetchone()[0] == 0
+    assert fence_row(reports, "reports") == ("indexer", indexer.token)
+    assert fence_row(reports, "other") == ("nightly", run.token)
 
 
 def test_a_plain_lease_is_renewed_and_released(dsn, db):
@@ -164,7 +255,10 @@ def test_a_plain_lease_is_renewed_and_released(dsn, db):
                 assert lease.acquired
                 await asyncio.sleep(1.5)
                 assert await ledger.acquire("singleton", SECOND, owner="other") is None
+                async with conn.transaction():
+                    assert await lease.fence(conn, "inventory") == lease.token
             assert lease.released is True
+            assert fence_row(db, "inventory") == ("singleton", lease.token)  # the lease's own job
             async with AsyncLedger(conn, owner="other").lease("singleton", ttl=SECOND) as taken:
                 assert taken.acquired and taken.token == lease.token + 1
             with pytest.raises(RunNotFound):

@@ -39,13 +39,56 @@ def test_tokens_survive_a_crash_even_when_the_session_set_synchronous_commit_off
         assert conn.execute(ACQUIRE).fetchone()[0] == 31
 
 
+# Every function that issues a token, as the hostile caller of issue 8 would
+# call it: the token is acknowledged, then the setting lowered before COMMIT.
+ISSUERS = {
+    "acquire": "SELECT token FROM ledger.acquire('nightly', 'host-1', '1 hour')",
+    "start_run": "SELECT token FROM ledger.start_run('nightly', 'host-1', '1 hour')",
+    "start_due_run": "SELECT token FROM ledger.start_due_run('due', 'host-1', '1 hour')",
+}
+
+
+@pytest.mark.parametrize("issuer", sorted(ISSUERS))
+def test_a_token_survives_a_crash_when_the_caller_lowers_synchronous_commit_after_the_call(cluster_root, issuer):
+    """BEGIN; <issue a token>; SET LOCAL synchronous_commit = off; COMMIT — in a loop, then a crash."""
+    primary = cluster_root(f"lowered-{issuer}").initdb()
+    primary.configure(wal_writer_delay="10s")
+    primary.start()
+    primary.install_ledger()
+    job = "due" if issuer == "start_due_run" else "nightly"
+    acknowledged = []
+    with primary.connect() as conn:
+        # A schedule whose slot is always due: a 10 ms interval, one slot a run.
+        conn.execute("SELECT ledger.register_job('due', '10 milliseconds', ttl => '1 hour')")
+        conn.autocommit = False
+        for _ in range(30):
+            token = conn.execute(ISSUERS[issuer]).fetchone()[0]
+            conn.execute("SET LOCAL synchronous_commit = off")
+            conn.commit()
+            if token is not None:
+                acknowledged.append(token)
+            if issuer == "start_due_run":
+                conn.execute("SELECT pg_sleep(0.011)")  # the next 10 ms slot is due
+                conn.commit()
+    # (A start by the same owner supersedes its previous run: every call issues a token.)
+    primary.stop("immediate")  # a crash: no shutdown checkpoint
+    primary.start()
+    assert len(acknowledged) >= 25 and acknowledged == sorted(set(acknowledged))
+    with primary.connect() as conn:
+        # No acknowledged token is lost: the high-water mark is the last one handed out...
+        assert conn.execute("SELECT token FROM ledger.leases WHERE job = %s", (job,)).fetchone()[0] == acknowledged[-1]
+        # ...so the next one is above every token anybody was given.
+        conn.execute("SELECT pg_sleep(0.011)")
+        assert conn.execute(ISSUERS[issuer]).fetchone()[0] == acknowledged[-1] + 1
+
+
 def test_tokens_jump_past_the_old_primary_after_an_async_standby_is_promoted(cluster_root):
     primary = cluster_root("primary").initdb()
     primary.start()
     primary.install_ledger()
     with primary.connect() as conn:
         replicated = [conn.execute(ACQUIRE).fetchone()[0] for _ in range(3)]
-        conn.execute("SELECT ledger.fence('articles', %s)", (replicated[-1],))
+        conn.execute("SELECT ledger.fence('nightly', 'articles', %s)", (replicated[-1],))
     standby = cluster_root("standby")
     primary.basebackup_into(standby)
     standby.start()

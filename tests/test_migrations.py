@@ -109,7 +109,8 @@ def test_fresh_install_online_upgrade_and_offline_script_give_the_same_catalog(n
     # mangled (format()'s %s, doubled for psycopg) and what psql might have.
     functions = {row[0]: row for row in expected["functions"]}
     assert {"acquire", "start_run", "fence"} <= functions.keys()
-    assert any("[[:cntrl:]]" in row[3] for row in expected["constraints"])
+    assert any("_is_visible_text" in row[3] for row in expected["constraints"])
+    assert any("\\u2028-\\u202F" in row[14] for row in expected["functions"])  # backslashes intact
     assert any("%s" in row[14] for row in expected["functions"])
     assert "alembic_version" in {row[0] for row in expected["relations"]}
     assert expected["version"] == [(migrate.head(),)]
@@ -120,7 +121,7 @@ def test_fresh_install_online_upgrade_and_offline_script_give_the_same_catalog(n
 
 def test_offline_script_carries_the_revision_sql_verbatim():
     frozen = FROZEN_0001.read_text()
-    assert "%s" in frozen and "::text" in frozen and "[[:cntrl:]]" in frozen
+    assert "%s" in frozen and "::text" in frozen and "\\u2028-\\u202F" in frozen
     script = migrate.offline_script()
     assert frozen in script
     assert script.index("pg_advisory_xact_lock") < script.index("CREATE TABLE ledger.alembic_version")
@@ -181,7 +182,7 @@ def test_downgrade_base_removes_schema_and_version_table_but_keeps_roles_in_use(
     assert migrate.current(dsn) is None
     with psycopg.connect(dsn) as conn:  # the session's template database still uses them
         roles = conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE 'ledger%' ORDER BY 1").fetchall()
-    assert roles == [("ledger_client",), ("ledger_reader",)]
+    assert roles == [("ledger_client",), ("ledger_owner",), ("ledger_reader",)]
     assert migrate.upgrade(dsn) == [migrate.head()]  # and it installs again
     assert schema_exists(dsn)
 
@@ -243,7 +244,7 @@ def test_downgrade_base_drops_the_roles_only_once_nothing_uses_them(cluster_root
                 "SELECT rolname FROM pg_roles WHERE rolname LIKE 'ledger%' ORDER BY 1")]
 
     migrate.downgrade(one, "base")
-    assert roles() == ["ledger_client", "ledger_reader"]  # `other` still uses them
+    assert roles() == ["ledger_client", "ledger_owner", "ledger_reader"]  # `other` still uses them
     with server.connect() as conn:
         conn.execute("CREATE ROLE dashboard IN ROLE ledger_reader")
     migrate.downgrade(other, "base")

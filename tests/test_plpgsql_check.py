@@ -21,7 +21,10 @@ SELECT p.oid::regprocedure::text, r.lineno, r.level, r.sqlstate, r.message, r.de
   FROM pg_proc p
   JOIN pg_language l ON l.oid = p.prolang AND l.lanname = 'plpgsql'
  CROSS JOIN LATERAL plpgsql_check_function_tb(
-           p.oid, fatal_errors => false, other_warnings => true, extra_warnings => true,
+           p.oid,
+           -- a trigger function is checked against the table it fires on
+           relid => coalesce((SELECT t.tgrelid FROM pg_trigger t WHERE t.tgfoid = p.oid LIMIT 1), 0)::regclass,
+           fatal_errors => false, other_warnings => true, extra_warnings => true,
            performance_warnings => true, security_warnings => true,
            compatibility_warnings => true) r
  WHERE p.pronamespace = %(schema)s::regnamespace

@@ -8,14 +8,16 @@ import pytest
 
 from sqlhelp import one, value
 
-TABLES = ["jobs", "leases", "fences", "job_execution_log", "counters"]
+TABLES = ["jobs", "leases", "fences", "job_execution_log", "counters", "skipped_slots", "purged_slots",
+          "purged_keys"]
 WRITES = {
     "INSERT": "INSERT INTO ledger.{t} DEFAULT VALUES",
     "UPDATE": "UPDATE ledger.{t} SET {c} = {c}",
     "DELETE": "DELETE FROM ledger.{t}",
     "TRUNCATE": "TRUNCATE ledger.{t}",
 }
-KEY = {"jobs": "job", "leases": "token", "fences": "token", "job_execution_log": "status", "counters": "failures"}
+KEY = {"jobs": "job", "leases": "token", "fences": "token", "job_execution_log": "status", "counters": "failures",
+       "skipped_slots": "slot_count", "purged_slots": "done_through", "purged_keys": "run_id"}
 
 
 @pytest.fixture
@@ -43,7 +45,7 @@ def test_a_client_role_uses_the_api_and_reads_the_tables(db, app_role):
     db.execute(f"SET ROLE {app_role}")
     started = one(db, "SELECT * FROM ledger.start_run('nightly', 'host-1', '1 hour')")
     assert started["outcome"] == "started"
-    assert value(db, "SELECT ledger.fence('reports', %s)", (started["token"],)) == started["token"]
+    assert value(db, "SELECT ledger.fence('nightly', 'reports', %s)", (started["token"],)) == started["token"]
     assert value(db, "SELECT count(*) FROM ledger.job_execution_log") == 1
     assert value(db, "SELECT count(*) FROM ledger.job_counters") == 1
     one(db, "SELECT * FROM ledger.complete_run(%s, %s)", (started["run_id"], started["token"]))
@@ -52,7 +54,8 @@ def test_a_client_role_uses_the_api_and_reads_the_tables(db, app_role):
 def test_a_client_role_cannot_call_internal_helpers_that_touch_tables(db, app_role):
     db.execute(f"SET ROLE {app_role}")
     for call in ("ledger._count('nightly', failures => 1)", "ledger._close_run(1, 'superseded', now())",
-                 "ledger._newest_done_slot('nightly')", "ledger._make_durable()"):
+                 "ledger._newest_done_slot('nightly')", "ledger._lock_lease('nightly', 'o', '1 hour', 1)",
+                 "ledger._count_skip('nightly', '1s')", "ledger._already_done('nightly', now(), NULL)"):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             db.execute(f"SELECT {call}")
 
@@ -74,7 +77,7 @@ def test_the_reader_role_reads_but_cannot_call_the_api(db):
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         db.execute("SELECT ledger.acquire('nightly', 'host-2', '1 hour')")
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        db.execute("SELECT ledger.fence('reports', 1)")
+        db.execute("SELECT ledger.fence('nightly', 'reports', 1)")
 
 
 def test_public_has_no_access_to_the_schema(db):
@@ -83,13 +86,60 @@ def test_public_has_no_access_to_the_schema(db):
 
 
 def test_every_public_function_is_security_definer_with_a_fixed_search_path(db):
+    # The exception: the bounds (11_bounds.sql), IMMUTABLE LANGUAGE sql
+    # helpers with no SET clause, so that the planner inlines them into the
+    # callers, whose search_path is fixed.
     bad = db.execute("""
         SELECT p.proname FROM pg_proc p
          WHERE p.pronamespace = 'ledger'::regnamespace
+           AND NOT (p.proname LIKE E'\\\\_%' AND p.provolatile = 'i' AND NOT p.prosecdef AND p.proconfig IS NULL
+                    AND p.prolang = (SELECT l.oid FROM pg_language l WHERE l.lanname = 'sql'))
            AND (NOT p.prosecdef AND p.proname NOT LIKE E'\\\\_%'
                 OR p.proconfig IS NULL
                 OR NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig))""").fetchall()
     assert bad == []
+
+
+INLINED = ["_is_visible_text", "_lock_wait", "_max_backfill", "_max_detail_bytes", "_max_error_length",
+           "_max_every", "_max_instant", "_max_older_than", "_max_schedule_length", "_max_ttl", "_min_every",
+           "_min_instant"]
+
+
+def test_only_the_pure_inlined_bounds_go_without_a_fixed_search_path(db):
+    inlined = db.execute("""
+        SELECT p.proname::text, l.lanname::text, p.provolatile::text, p.prosecdef FROM pg_proc p
+          JOIN pg_language l ON l.oid = p.prolang
+         WHERE p.pronamespace = 'ledger'::regnamespace AND p.proconfig IS NULL ORDER BY 1""").fetchall()
+    assert inlined == [(name, "sql", "i", False) for name in INLINED]
+
+
+def test_everything_in_the_schema_belongs_to_the_nologin_ledger_owner_not_the_installer(db):
+    """A SECURITY DEFINER function runs as its owner: ledger_owner, never the superuser who installed."""
+    owners = db.execute("""
+        SELECT DISTINCT r.rolname::text FROM (
+            SELECT proowner AS owner FROM pg_proc WHERE pronamespace = 'ledger'::regnamespace
+            UNION ALL
+            SELECT relowner FROM pg_class WHERE relnamespace = 'ledger'::regnamespace
+                                            AND relname NOT LIKE 'alembic_version%'
+            UNION ALL
+            SELECT typowner FROM pg_type WHERE typnamespace = 'ledger'::regnamespace
+                                           AND typname NOT IN ('alembic_version', '_alembic_version')) o
+          JOIN pg_roles r ON r.oid = o.owner""").fetchall()
+    assert owners == [("ledger_owner",)]
+    owner = one(db, "SELECT rolsuper, rolcanlogin, rolcreaterole, rolcreatedb, rolbypassrls FROM pg_roles "
+                    "WHERE rolname = 'ledger_owner'")
+    assert owner == {"rolsuper": False, "rolcanlogin": False, "rolcreaterole": False, "rolcreatedb": False,
+                     "rolbypassrls": False}
+    assert value(db, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'ledger'::regnamespace "
+                     "AND prosecdef AND proowner <> 'ledger_owner'::regrole") == 0
+
+
+def test_a_client_cannot_become_the_ledger_owner(db, app_role):
+    # SET ROLE is checked against the session user: become the client for real.
+    db.execute(f"SET SESSION AUTHORIZATION {app_role}")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        db.execute("SET ROLE ledger_owner")
+    db.execute("RESET SESSION AUTHORIZATION")
 
 
 def test_a_schema_earlier_in_search_path_defining_now_and_clock_timestamp_changes_nothing(db, app_role):

@@ -59,4 +59,9 @@ def test_the_python_examples_run(dsn, db, monkeypatch, capsys):
     if SCHEDULES:
         assert statuses.get("daily-digest") == "success"
     assert db.execute("SELECT count(*) FROM reports").fetchone()[0] == 1
+    # Each example fences its own resources under its own job (a resource belongs to one job).
+    fences = dict(db.execute("SELECT resource, job FROM ledger.fences").fetchall())
+    assert fences.get("reports") == "nightly-report"
+    assert fences.get("async-reports") == "nightly-report-async"
+    assert fences.get("inventory") == "inventory-sync"
 

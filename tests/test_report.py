@@ -3,7 +3,10 @@
 Hostile queries are refused with a message that names what and why, and
 change nothing; the database alone (guard bypassed) still refuses writes and
 enforces the timeout; useful queries give the numbers of a ledger built here
-through the SQL API.
+through the SQL API. Reports run as a reporting login (a member of
+ledger_reader and nothing else, made for the module): a superuser session is
+refused (tests/test_report_limits.py covers that fence, the column checks,
+the size limits and the row limit).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import os
 import re
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -22,11 +26,14 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from psycopg import errors, pq
+from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 from pytest_postgresql.janitor import DatabaseJanitor
 
 from ledger.cli import main
-from ledger.report import ALLOWED_FUNCTIONS, ReportRejected, check, run_read_only, run_report
+from ledger.report import (
+    ALLOWED_FUNCTIONS, ReportRejected, check, load_catalog, read_only_transaction, run_read_only, run_report,
+)
 from sqlhelp import one, rows, state, value
 
 # -- a ledger with known contents, built once for the module through the SQL API --------
@@ -101,8 +108,35 @@ def ledger_db(pg_server, ledger_template):
 
 @pytest.fixture(scope="module")
 def conn(ledger_db):
+    """The superuser's connection: builds, inspects, grants; reports do not run on it."""
     with psycopg.connect(ledger_db[0], autocommit=True) as connection:
         yield connection
+
+
+@pytest.fixture(scope="module")
+def reporting_login(conn):
+    """A login whose only privileges come from ledger_reader (roles are cluster-wide: a unique name)."""
+    name = f"ledger_reports_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    conn.execute(f'CREATE ROLE "{name}" LOGIN IN ROLE ledger_reader')
+    yield name
+    conn.execute(f'DROP ROLE "{name}"')
+
+
+@pytest.fixture(scope="module")
+def reader_dsn(ledger_db, reporting_login):
+    return make_conninfo(ledger_db[0], user=reporting_login)
+
+
+@pytest.fixture(scope="module")
+def reader(reader_dsn):
+    """The reporting login's connection: what reports run on."""
+    with psycopg.connect(reader_dsn, autocommit=True) as connection:
+        yield connection
+
+
+@pytest.fixture(scope="module")
+def catalog(conn):
+    return load_catalog(conn)
 
 
 @pytest.fixture
@@ -190,18 +224,32 @@ HOSTILE = [
     ("", "the query is empty"),
     ("SELECT FROM WHERE ;;", "not SQL that the guard can read"),
     ("SELECT " + "(" * 300 + "1" + ")" * 300, "nested too deeply"),
+    # column notation is a function call: t.f runs f(t) when t has no column f
+    ("SELECT l.pg_typeof FROM ledger.leases l", "unknown column l.pg_typeof: ledger.leases has no column"),
+    ("SELECT leases.pg_typeof FROM ledger.leases", "unknown column leases.pg_typeof"),
+    ("SELECT ledger.leases.pg_typeof FROM ledger.leases", "unknown column ledger.leases.pg_typeof"),
+    ("SELECT g.pg_sleep FROM generate_series(1, 1) AS g", "unknown column g.pg_sleep"),
+    ("SELECT (l).pg_typeof FROM ledger.leases AS l", "field selection (l).pg_typeof is not allowed"),
+    ("SELECT pg_typeof FROM ledger.leases", "unknown column pg_typeof: no relation of the query has"),
+    ("SELECT x.job FROM ledger.leases AS l", "column x.job: x is not a relation of the query"),
+    ("SELECT * FROM ledger.no_such_view", "relation ledger.no_such_view does not exist"),
+    # size, refused before PostgreSQL plans it
+    ("WITH c0 AS (SELECT 1 AS x), " + ", ".join(f"c{i} AS (SELECT x FROM c{i - 1})" for i in range(1, 400))
+     + " SELECT x FROM c399", "over the limit of 64 (MAX_SUBQUERIES)"),
+    ("SELECT 1" + " " * 100_000, "over the limit of 100000 bytes"),
 ]
 
 
 @pytest.mark.parametrize(("sql", "reason"), HOSTILE, ids=[f"hostile-{i}" for i in range(len(HOSTILE))])
-def test_report_rejects_a_hostile_query_with_its_reason_and_changes_nothing(conn, sql, reason):
+def test_report_rejects_a_hostile_query_with_its_reason_and_changes_nothing(conn, reader, sql, reason):
     before = _untouched(conn)
     with pytest.raises(ReportRejected) as rejected:
-        run_report(conn, sql, timedelta(seconds=2))
+        run_report(reader, sql, timedelta(seconds=2))
     message = str(rejected.value)
     assert message.startswith("report rejected: ")
     assert reason in message, message
-    assert conn.info.transaction_status == pq.TransactionStatus.IDLE
+    assert "\n" not in message
+    assert reader.info.transaction_status == pq.TransactionStatus.IDLE
     assert _untouched(conn) == before
 
 
@@ -211,9 +259,9 @@ def test_there_are_at_least_25_hostile_queries():
 
 @pytest.mark.parametrize("sql", ["DELETE FROM ledger.jobs", "SELECT pg_sleep(100)",
                                  "WITH x AS (DELETE FROM ledger.leases RETURNING 1) SELECT * FROM x"])
-def test_the_cli_refuses_a_hostile_query_in_one_line_with_exit_code_1(ledger_db, conn, sql):
+def test_the_cli_refuses_a_hostile_query_in_one_line_with_exit_code_1(reader_dsn, conn, sql):
     before = _untouched(conn)
-    result = CliRunner().invoke(main, ["report", "--dsn", ledger_db[0], sql])
+    result = CliRunner().invoke(main, ["report", "--dsn", reader_dsn, sql])
     assert result.exit_code == 1
     assert result.output.startswith("Error: report rejected: ")
     assert len(result.output.strip().splitlines()) == 1
@@ -229,8 +277,8 @@ def test_the_cli_refuses_a_hostile_query_in_one_line_with_exit_code_1(ledger_db,
     ("SELECT $q$ '; DELETE FROM ledger.jobs $q$", "SELECT ' ''; DELETE FROM ledger.jobs '"),
     ("SELECT 1;", "SELECT 1"),
 ])
-def test_what_runs_is_the_guards_rendering_without_comments(sql, normalised):
-    assert check(sql) == normalised
+def test_what_runs_is_the_guards_rendering_without_comments(catalog, sql, normalised):
+    assert check(sql, catalog) == normalised
 
 
 @pytest.mark.parametrize("sql", [
@@ -244,90 +292,106 @@ def test_what_runs_is_the_guards_rendering_without_comments(sql, normalised):
     "SELECT relname FROM pg_catalog.pg_class WHERE relnamespace = 'ledger'::regnamespace",
     "SELECT EXISTS (SELECT 1 FROM ledger.overlaps)",
 ])
-def test_the_guard_accepts_ordinary_query_shapes(sql):
-    check(sql)
+def test_the_guard_accepts_ordinary_query_shapes(catalog, reader, sql):
+    check(sql, catalog)
+    run_report(reader, sql)  # and PostgreSQL agrees they are fine
 
 
 # -- the database fence alone (guard bypassed) -----------------------------------------------
 
-@pytest.mark.parametrize("sql", [
+WRITES = [
     "DELETE FROM ledger.job_execution_log",
     "UPDATE ledger.jobs SET paused = true",
     "WITH x AS (DELETE FROM ledger.counters RETURNING 1) SELECT count(*) FROM x",
     "SELECT * INTO public.stolen FROM ledger.jobs",
     "CREATE TEMP TABLE scratch (a int)",  # ledger_reader may create temp tables: READ ONLY stops it
-])
-def test_the_database_refuses_a_write_without_the_guard(conn, sql):
+]
+
+
+@pytest.mark.parametrize("sql", WRITES)
+def test_the_database_refuses_a_write_without_the_guard(conn, reader, sql):
+    # run as a cursor (DECLARE ... FOR <query>): the server refuses anything but a query
+    before = _untouched(conn)
+    with pytest.raises((errors.SyntaxError, errors.FeatureNotSupported, errors.ReadOnlySqlTransaction)):
+        run_read_only(reader, sql, timedelta(seconds=2))
+    assert _untouched(conn) == before
+    assert reader.info.transaction_status == pq.TransactionStatus.IDLE
+
+
+@pytest.mark.parametrize("sql", WRITES)
+def test_the_read_only_transaction_alone_refuses_a_write(conn, reader, sql):
     before = _untouched(conn)
     with pytest.raises(errors.ReadOnlySqlTransaction):
-        run_read_only(conn, sql, timedelta(seconds=2))
+        with read_only_transaction(reader, timedelta(seconds=2)) as cur:
+            cur.execute(sql)
     assert _untouched(conn) == before
 
 
 @pytest.mark.parametrize("sql", ["SELECT ledger.acquire('etl', 'intruder', '1 hour')",
                                  "SELECT ledger.purge_log('1 second')",
                                  "SELECT nextval('ledger.job_execution_log_run_id_seq')"])
-def test_the_reader_role_cannot_call_ledger_functions_or_sequences(conn, sql):
+def test_the_reader_role_cannot_call_ledger_functions_or_sequences(conn, reader, sql):
     before = _untouched(conn)
     with pytest.raises(errors.InsufficientPrivilege):
-        run_read_only(conn, sql, timedelta(seconds=2))
+        run_read_only(reader, sql, timedelta(seconds=2))
     assert _untouched(conn) == before
 
 
-def test_the_query_runs_as_ledger_reader_in_a_read_only_transaction(conn):
+def test_the_query_runs_as_ledger_reader_in_a_read_only_transaction(reader):
     columns, result = run_read_only(
-        conn, "SELECT current_user, current_setting('transaction_read_only'), "
+        reader, "SELECT current_user, current_setting('transaction_read_only'), "
               "current_setting('statement_timeout'), current_setting('search_path')",
         timedelta(milliseconds=1500))
     assert result == [("ledger_reader", "on", "1500ms", "pg_catalog, pg_temp")]
 
 
-def test_the_server_refuses_a_second_statement_without_the_guard(conn):
+def test_the_server_refuses_a_second_statement_without_the_guard(conn, reader):
     before = _untouched(conn)
     with pytest.raises(errors.SyntaxError, match="multiple commands"):
-        run_read_only(conn, "SELECT 1; DELETE FROM ledger.job_execution_log", timedelta(seconds=2))
+        run_read_only(reader, "SELECT 1; DELETE FROM ledger.job_execution_log", timedelta(seconds=2))
     assert _untouched(conn) == before
 
 
-def test_the_statement_timeout_fires_in_the_database(conn):
+def test_the_statement_timeout_fires_in_the_database(reader):
     began = time.monotonic()
     with pytest.raises(errors.QueryCanceled):
-        run_read_only(conn, "SELECT pg_sleep(30)", timedelta(milliseconds=200))
+        run_read_only(reader, "SELECT pg_sleep(30)", timedelta(milliseconds=200))
     assert time.monotonic() - began < 5
 
 
-def test_an_expensive_allowed_query_is_cancelled_by_the_timeout(conn):
+def test_an_expensive_allowed_query_is_cancelled_by_the_timeout(reader, catalog):
     expensive = "SELECT count(*) FROM generate_series(1, 100000) AS a, generate_series(1, 100000) AS b"
-    check(expensive)  # the guard lets it through: generate_series is allowed
+    check(expensive, catalog)  # the guard lets it through: generate_series is allowed
     began = time.monotonic()
     with pytest.raises(errors.QueryCanceled):
-        run_report(conn, expensive, timedelta(milliseconds=300))
+        run_report(reader, expensive, timedelta(milliseconds=300))
     assert time.monotonic() - began < 5
 
 
-def test_the_cli_says_when_a_report_timed_out(ledger_db):
+def test_the_cli_says_when_a_report_timed_out(reader_dsn):
     result = CliRunner().invoke(main, [
-        "report", "--dsn", ledger_db[0], "--timeout", "300ms",
+        "report", "--dsn", reader_dsn, "--timeout", "300ms",
         "SELECT count(*) FROM generate_series(1, 100000) AS a, generate_series(1, 100000) AS b"])
     assert result.exit_code == 1
     assert "report timed out after 300ms" in result.output
 
 
-def test_the_session_comes_out_as_it_went_in(conn):
-    conn.execute("SET statement_timeout = '42s'")
+def test_the_session_comes_out_as_it_went_in(reader, reporting_login):
+    reader.execute("SET statement_timeout = '42s'")
     try:
-        run_report(conn, "SELECT count(*) FROM ledger.jobs")
+        run_report(reader, "SELECT count(*) FROM ledger.jobs")
         with pytest.raises(errors.QueryCanceled):
-            run_read_only(conn, "SELECT pg_sleep(30)", timedelta(milliseconds=100))
-        assert conn.info.transaction_status == pq.TransactionStatus.IDLE
-        assert conn.execute("SELECT current_user, current_setting('statement_timeout'), "
-                            "current_setting('transaction_read_only')").fetchone() == ("postgres", "42s", "off")
+            run_read_only(reader, "SELECT pg_sleep(30)", timedelta(milliseconds=100))
+        assert reader.info.transaction_status == pq.TransactionStatus.IDLE
+        assert reader.execute("SELECT current_user, current_setting('statement_timeout'), "
+                              "current_setting('transaction_read_only')").fetchone() == (
+            reporting_login, "42s", "off")
     finally:
-        conn.execute("RESET statement_timeout")
+        reader.execute("RESET statement_timeout")
 
 
-def test_a_connection_inside_a_transaction_is_refused(ledger_db):
-    with psycopg.connect(ledger_db[0]) as busy:
+def test_a_connection_inside_a_transaction_is_refused(reader_dsn):
+    with psycopg.connect(reader_dsn) as busy:
         busy.execute("SELECT 1")
         with pytest.raises(ValueError, match="no transaction open"):
             run_report(busy, "SELECT 1")
@@ -492,13 +556,13 @@ USEFUL: list[tuple[str, str, Check]] = [
 
 @pytest.mark.parametrize(("sql", "verify"), [(sql, verify) for _, sql, verify in USEFUL],
                          ids=[name for name, _, _ in USEFUL])
-def test_report_answers_a_useful_query(conn, facts, sql, verify):
-    columns, result = run_report(conn, sql, timedelta(seconds=5))
+def test_report_answers_a_useful_query(reader, facts, sql, verify):
+    columns, result = run_report(reader, sql, timedelta(seconds=5))
     verify(columns, result, facts)
 
 
-def test_the_cli_prints_a_report_as_json(ledger_db):
-    result = CliRunner().invoke(main, ["report", "--dsn", ledger_db[0], "--format", "json",
+def test_the_cli_prints_a_report_as_json(reader_dsn):
+    result = CliRunner().invoke(main, ["report", "--dsn", reader_dsn, "--format", "json",
                                        "SELECT owner, count(*) AS runs FROM ledger.job_execution_log "
                                        "GROUP BY owner ORDER BY owner"])
     assert result.exit_code == 0, result.output
@@ -506,8 +570,8 @@ def test_the_cli_prints_a_report_as_json(ledger_db):
                                          {"owner": "host-c", "runs": 2}]
 
 
-def test_the_cli_prints_a_report_as_csv_with_intervals_in_seconds(ledger_db, facts):
-    result = CliRunner().invoke(main, ["report", "--dsn", ledger_db[0], "--format", "csv",
+def test_the_cli_prints_a_report_as_csv_with_intervals_in_seconds(reader_dsn, facts):
+    result = CliRunner().invoke(main, ["report", "--dsn", reader_dsn, "--format", "csv",
                                        "SELECT job, max(completed_at - started_at) AS longest, "
                                        "bool_and(status = 'success') AS all_ok, NULL AS nothing "
                                        "FROM ledger.job_execution_log GROUP BY job ORDER BY job"])
@@ -520,8 +584,8 @@ def test_the_cli_prints_a_report_as_csv_with_intervals_in_seconds(ledger_db, fac
     assert all(row[3] == "" for row in table[1:])
 
 
-def test_the_cli_prints_a_report_as_a_table(ledger_db):
-    result = CliRunner().invoke(main, ["report", "--dsn", ledger_db[0],
+def test_the_cli_prints_a_report_as_a_table(reader_dsn):
+    result = CliRunner().invoke(main, ["report", "--dsn", reader_dsn,
                                        "SELECT job, error FROM ledger.job_execution_log "
                                        "WHERE status = 'failure' ORDER BY run_id"])
     assert result.exit_code == 0, result.output
@@ -529,20 +593,20 @@ def test_the_cli_prints_a_report_as_a_table(ledger_db):
     assert "2 rows" in result.output
 
 
-def test_the_cli_reads_the_query_from_stdin(ledger_db):
-    result = CliRunner().invoke(main, ["report", "--dsn", ledger_db[0], "--format", "json", "-"],
+def test_the_cli_reads_the_query_from_stdin(reader_dsn):
+    result = CliRunner().invoke(main, ["report", "--dsn", reader_dsn, "--format", "json", "-"],
                                 input="SELECT count(*) AS jobs FROM ledger.jobs\n")
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == [{"jobs": 3}]
 
 
-def test_the_readme_report_examples_pass_the_guard_and_run(conn):
+def test_the_readme_report_examples_pass_the_guard_and_run(reader):
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = text.split("\n### Reports and metrics\n", 1)[1].split("\n## ", 1)[0]
     examples = re.findall(r'^jobledger report (?:--format \w+ )?"(.*?)"$', section, re.M | re.S)
     assert len(examples) >= 6
     for sql in examples:
-        run_report(conn, sql, timedelta(seconds=5))
+        run_report(reader, sql, timedelta(seconds=5))
 
 
 # Every allow-listed function, as sqlglot renders it, runs in PostgreSQL.
@@ -608,8 +672,8 @@ def test_every_allowed_function_has_a_sample():
 
 
 @pytest.mark.parametrize("name", sorted(FUNCTION_SAMPLES))
-def test_an_allowed_function_runs_as_rendered(conn, name):
+def test_an_allowed_function_runs_as_rendered(reader, name):
     sql = (f"SELECT {FUNCTION_SAMPLES[name]} AS v "
            "FROM generate_series(1, 3) AS t(x), LATERAL (SELECT 1 AS a) AS row_of")
-    columns, result = run_report(conn, sql, timedelta(seconds=5))
+    columns, result = run_report(reader, sql, timedelta(seconds=5))
     assert columns == ["v"] and result

@@ -10,16 +10,30 @@ COMMENT ON SCHEMA ledger IS 'Postgres-native job ledger: leases, fencing tokens,
 
 -- Roles are cluster-wide: create them once, leave them if they exist (also
 -- when another database of the cluster is installing at the same moment).
+--   ledger_owner   NOLOGIN; owns the ledger's tables and functions, so the
+--                  SECURITY DEFINER functions run with the ledger's own
+--                  privileges and never as the (super)user who installed.
+--   ledger_client  EXECUTE on the API and SELECT; ledger_reader SELECT only.
+-- Without CREATEROLE the roles must exist already (an administrator creates
+-- them: see docs); checking first avoids PostgreSQL's "permission denied to
+-- create role", which it raises before it looks whether the role exists.
 DO $roles$
+DECLARE
+    role_name text;
 BEGIN
-    BEGIN
-        CREATE ROLE ledger_client NOLOGIN;
-    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-    END;
-    BEGIN
-        CREATE ROLE ledger_reader NOLOGIN;
-    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-    END;
+    FOREACH role_name IN ARRAY ARRAY['ledger_owner', 'ledger_client', 'ledger_reader'] LOOP
+        CONTINUE WHEN EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = role_name);
+        BEGIN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', role_name);
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        WHEN insufficient_privilege THEN
+            RAISE EXCEPTION USING ERRCODE = '42501',
+                MESSAGE = format('role %s does not exist and %s may not create it', role_name, current_user),
+                HINT = 'An administrator runs once: CREATE ROLE ledger_owner NOLOGIN; CREATE ROLE ledger_client NOLOGIN; '
+                       'CREATE ROLE ledger_reader NOLOGIN; GRANT ledger_owner TO <installing user>;';
+        END;
+    END LOOP;
 END
 $roles$;
 
@@ -42,11 +56,76 @@ CREATE TYPE ledger.run_start AS (
     holder            text,
     holder_expires_at timestamptz
 );
+-- The ledger's bounds: every argument a client sends is checked against
+-- these, so that no value can push a function or a view out of range (a ttl
+-- of 100000 years breaks every timestamp sum in the views) or make it slow
+-- (a catch-up bound of a billion slots). docs/contract.md lists them.
+--
+-- LANGUAGE sql constants without SET clauses: the planner inlines them into
+-- the expressions that use them, so a check costs no function call. Quoted
+-- bodies, not RETURN: PostgreSQL 13 has no SQL-standard bodies.
 
--- A label (job, owner, resource, idempotency key): 1 to 200 characters, no
--- control characters. The functions raise 22023 first; this is the backstop.
+-- The ledger's time range for instants given by a client (slot, at).
+CREATE FUNCTION ledger._min_instant() RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT timestamptz '1970-01-01 00:00:00+00' $$;
+
+CREATE FUNCTION ledger._max_instant() RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT timestamptz '2200-01-01 00:00:00+00' $$;
+
+-- The longest lease: renewed every ttl/3, a ttl need not cover a whole run.
+CREATE FUNCTION ledger._max_ttl() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '30 days' $$;
+
+-- Interval schedules: from 10 milliseconds (tests and demos) to one year.
+CREATE FUNCTION ledger._min_every() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '10 milliseconds' $$;
+
+CREATE FUNCTION ledger._max_every() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '1 year' $$;
+
+-- The catch-up bound: due_slots walks back at most this many slots.
+CREATE FUNCTION ledger._max_backfill() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1000 $$;
+
+-- purge_log's horizon.
+CREATE FUNCTION ledger._max_older_than() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '100 years' $$;
+
+-- A run's detail (JSON text) and a failure's error text.
+CREATE FUNCTION ledger._max_detail_bytes() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 65536 $$;
+
+CREATE FUNCTION ledger._max_error_length() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 8192 $$;
+
+-- The longest schedule text (a cron expression or an interval).
+CREATE FUNCTION ledger._max_schedule_length() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 200 $$;
+
+-- True when the text has no character that is invisible or changes how the
+-- text around it reads: control (Cc), format (Cf: bidirectional overrides,
+-- zero-width characters, the BOM) and separators (Zl, Zp, and Zs but the
+-- ASCII space), so two labels that look alike are alike. The class is
+-- generated from the Unicode 15 tables (Python's unicodedata, plus the
+-- Egyptian format controls U+13439-U+1343F that Unicode 15 added).
+CREATE FUNCTION ledger._is_visible_text(value text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT value !~ '[\u0001-\u001F\u007F-\u00A0\u00AD\u0600-\u0605\u061C\u06DD\u070F\u0890-\u0891\u08E2\u1680\u180E\u2000-\u200F\u2028-\u202F\u205F-\u2064\u2066-\u206F\u3000\uFEFF\uFFF9-\uFFFB\U000110BD\U000110CD\U00013430-\U0001343F\U0001BCA0-\U0001BCA3\U0001D173-\U0001D17A\U000E0001\U000E0020-\U000E007F]' $$;
+
+-- A label (job, owner, resource, idempotency key): 1 to 200 characters, all
+-- visible. The functions raise 22023 first; this is the backstop.
 CREATE DOMAIN ledger.label AS text
-    CONSTRAINT label_valid CHECK (char_length(VALUE) BETWEEN 1 AND 200 AND VALUE !~ '[[:cntrl:]]');
+    CONSTRAINT label_valid CHECK (char_length(VALUE) BETWEEN 1 AND 200 AND ledger._is_visible_text(VALUE));
 -- Schedule evaluation: parse a schedule once into ledger.schedule_spec, then
 -- answer "newest slot <= at", "oldest slot > after" and "how many slots in
 -- (after, upto]" without enumerating slots.
@@ -116,13 +195,15 @@ BEGIN
     IF time_zone !~ '^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$'
        OR lower(time_zone) LIKE 'right/%' THEN
         RAISE EXCEPTION 'invalid time_zone %: not an IANA time zone name', quote_literal(time_zone)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
     END IF;
     BEGIN
         PERFORM timestamptz '2000-01-01 00:00+00' AT TIME ZONE time_zone;
     EXCEPTION WHEN OTHERS THEN
         RAISE EXCEPTION 'invalid time_zone %: unknown time zone', quote_literal(time_zone)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
     END;
     -- A name with a slash that the server loads is a zone file. Without one it
     -- may be an abbreviation ('PST') or a POSIX string ('abc3'), which the
@@ -131,7 +212,8 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names
                        WHERE lower(name) = lower(time_zone)) THEN
         RAISE EXCEPTION 'invalid time_zone %: not a time zone name (abbreviations are not accepted)',
-            quote_literal(time_zone) USING ERRCODE = '22023';
+            quote_literal(time_zone) USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
     END IF;
 END
 $fn$;
@@ -151,11 +233,13 @@ BEGIN
         n := array_position(names, value) - 1 + lo;
     ELSE
         RAISE EXCEPTION 'invalid schedule %: invalid % value %', quote_literal(schedule), label, quote_literal(value)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
     END IF;
     IF n < lo OR n > hi THEN
         RAISE EXCEPTION 'invalid schedule %: % value % is out of range %-%', quote_literal(schedule), label, n, lo, hi
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
     END IF;
     RETURN n;
 END
@@ -181,7 +265,8 @@ BEGIN
     FOREACH item IN ARRAY string_to_array(field, ',') LOOP
         IF item = '' THEN
             RAISE EXCEPTION 'invalid schedule %: empty list element in the % field', quote_literal(schedule), label
-                USING ERRCODE = '22023';
+                USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
         END IF;
         step := NULL;
         base := item;
@@ -190,16 +275,19 @@ BEGIN
             part := substr(item, length(base) + 2);
             IF part !~ '^[0-9]{1,6}$' THEN
                 RAISE EXCEPTION 'invalid schedule %: invalid step % in the % field', quote_literal(schedule), quote_literal(part), label
-                    USING ERRCODE = '22023';
+                    USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
             END IF;
             step := part::integer;
             IF step = 0 THEN
                 RAISE EXCEPTION 'invalid schedule %: step 0 in the % field', quote_literal(schedule), label
-                    USING ERRCODE = '22023';
+                    USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
             END IF;
             IF step > hi - lo + 1 THEN
                 RAISE EXCEPTION 'invalid schedule %: step % is larger than the % field''s range %-%', quote_literal(schedule), step, label, lo, hi
-                    USING ERRCODE = '22023';
+                    USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
             END IF;
         END IF;
         IF base = '*' THEN
@@ -209,14 +297,16 @@ BEGIN
             bounds := string_to_array(base, '-');
             IF base = '' OR cardinality(bounds) > 2 THEN
                 RAISE EXCEPTION 'invalid schedule %: invalid % element %', quote_literal(schedule), label, quote_literal(item)
-                    USING ERRCODE = '22023';
+                    USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
             END IF;
             a := ledger._cron_value(schedule, bounds[1], label, lo, hi, names);
             IF cardinality(bounds) = 2 THEN
                 b := ledger._cron_value(schedule, bounds[2], label, lo, hi, names);
                 IF a > b THEN
                     RAISE EXCEPTION 'invalid schedule %: reversed range % in the % field', quote_literal(schedule), quote_literal(base), label
-                        USING ERRCODE = '22023';
+                        USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
                 END IF;
             ELSIF step IS NOT NULL THEN
                 b := hi;
@@ -251,9 +341,16 @@ BEGIN
         RAISE EXCEPTION 'schedule must not be NULL' USING ERRCODE = '22004';
     END IF;
     PERFORM ledger._check_time_zone(time_zone);
+    IF char_length(schedule) > ledger._max_schedule_length() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument schedule must be at most %s characters', ledger._max_schedule_length()),
+            DETAIL = jsonb_build_object('argument', 'schedule', 'length', char_length(schedule),
+                                        'max', ledger._max_schedule_length())::text;
+    END IF;
     s := lower(btrim(schedule, E' \t\r\n'));
     IF s = '' THEN
-        RAISE EXCEPTION 'invalid schedule: must not be empty' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'invalid schedule: must not be empty' USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
     END IF;
     s := CASE s
         WHEN '@hourly'   THEN '0 * * * *'
@@ -266,7 +363,8 @@ BEGIN
         ELSE s END;
     IF s ~ '^@[a-z]+$' THEN
         RAISE EXCEPTION 'invalid schedule %: unknown macro (use @hourly, @daily, @midnight, @weekly, @monthly, @yearly or @annually)', quote_literal(schedule)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
     END IF;
 
     -- Five fields: a cron expression, unless they do not parse as one and
@@ -291,17 +389,27 @@ BEGIN
     END IF;
     IF iv IS NULL THEN
         IF cron_error IS NOT NULL THEN
-            RAISE EXCEPTION '%', cron_error USING ERRCODE = '22023';
+            RAISE EXCEPTION '%', cron_error USING ERRCODE = '22023',
+                DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
         END IF;
         RAISE EXCEPTION 'invalid schedule %: expected an interval such as ''45 minutes'' or a five-field cron expression (got % fields)', quote_literal(schedule), cardinality(f)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
     END IF;
     months := (extract(year FROM iv) * 12 + extract(month FROM iv))::integer;
     days := extract(day FROM iv)::integer;
     micros := extract(epoch FROM iv - make_interval(months => months, days => days)) * 1000000;
     IF months < 0 OR days < 0 OR micros < 0 OR (months = 0 AND days = 0 AND micros = 0) THEN
         RAISE EXCEPTION 'invalid schedule %: the interval must be positive, with no negative part', quote_literal(schedule)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
+    END IF;
+    IF iv < ledger._min_every() OR iv > ledger._max_every() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('invalid schedule %s: an interval schedule must be from %s to %s',
+                             quote_literal(schedule), ledger._min_every(), ledger._max_every()),
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule,
+                                        'min', ledger._min_every()::text, 'max', ledger._max_every()::text)::text;
     END IF;
     spec.kind := 'interval';
     spec.every := iv;
@@ -349,7 +457,8 @@ BEGIN
         END LOOP;
         IF NOT ok THEN
             RAISE EXCEPTION 'invalid schedule %: no allowed month has an allowed day of month, it can never fire', quote_literal(schedule)
-                USING ERRCODE = '22023';
+                USING ERRCODE = '22023',
+            DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
         END IF;
     END IF;
     RETURN spec;
@@ -1062,13 +1171,16 @@ CREATE TABLE ledger.leases (
 );
 COMMENT ON TABLE ledger.leases IS 'Per-job lease: holder, fencing token, expiry';
 
+-- A fence belongs to the job that first wrote through it: tokens are counted
+-- per job, so only that job's tokens can be compared with the one recorded.
 CREATE TABLE ledger.fences (
     resource    ledger.label PRIMARY KEY,
+    job         ledger.label NOT NULL REFERENCES ledger.leases (job),
     token       bigint      NOT NULL,
     advanced_at timestamptz NOT NULL,
     CONSTRAINT fences_token_positive CHECK (token > 0)
 );
-COMMENT ON TABLE ledger.fences IS 'Per-resource highest accepted fencing token';
+COMMENT ON TABLE ledger.fences IS 'Per-resource highest accepted fencing token, and the job it belongs to';
 
 CREATE TABLE ledger.job_execution_log (
     run_id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -1128,6 +1240,26 @@ CREATE TABLE ledger.counters (
         AND skipped_overlap >= 0 AND skipped_backfill >= 0 AND leases_lost >= 0)
 );
 COMMENT ON TABLE ledger.counters IS 'Monotonic per-job counters behind ledger.job_counters';
+
+-- What purge_log must not forget: a slot or an idempotency key that
+-- succeeded answers already_done for ever, even once its run row is gone.
+-- Slots: per job, the newest slot whose success was purged (slots at or
+-- before it count as done: one row per job). Keys: each purged successful
+-- key, kept for ever (about 40 bytes plus the key and the job name).
+CREATE TABLE ledger.purged_slots (
+    job         ledger.label PRIMARY KEY,
+    done_through timestamptz NOT NULL
+);
+COMMENT ON TABLE ledger.purged_slots IS 'Per job: slots at or before done_through succeeded, though purge_log removed their runs';
+
+CREATE TABLE ledger.purged_keys (
+    job             ledger.label NOT NULL,
+    idempotency_key ledger.label NOT NULL,
+    run_id          bigint      NOT NULL,
+    completed_at    timestamptz NOT NULL,
+    CONSTRAINT purged_keys_pkey PRIMARY KEY (job, idempotency_key)
+);
+COMMENT ON TABLE ledger.purged_keys IS 'Idempotency keys that succeeded, kept after purge_log removed their runs';
 -- Internal helpers shared by the public functions. Not granted to clients.
 -- PL/pgSQL throughout: a non-inlined LANGUAGE sql function is re-planned on
 -- every call, and these sit on the hot path.
@@ -1144,7 +1276,12 @@ END
 $$;
 
 -- A label (job, owner, resource, idempotency key): 22004 when NULL and
--- required, 22023 when empty, over 200 characters, or with control characters.
+-- required, 22023 when empty, over 200 characters, or holding a character
+-- that is invisible or changes how the text around it reads: control (Cc),
+-- format (Cf: bidirectional overrides, zero-width joiners, BOM) and separator
+-- characters (Zl, Zp, and Zs other than the ASCII space). Look-alike job and
+-- owner names would make the audit lie. The class is generated from the
+-- Unicode tables (Python's unicodedata) and is the same as ledger.label's.
 CREATE FUNCTION ledger._check_label(value text, arg text, required boolean DEFAULT true)
 RETURNS void
 LANGUAGE plpgsql
@@ -1159,9 +1296,9 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    IF value = '' OR char_length(value) > 200 OR value ~ '[[:cntrl:]]' THEN
+    IF value = '' OR char_length(value) > 200 OR NOT ledger._is_visible_text(value) THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('argument %s must be 1 to 200 characters without control characters', arg),
+            MESSAGE = format('argument %s must be 1 to 200 characters without control, format or separator characters', arg),
             DETAIL = jsonb_build_object('argument', arg, 'length', char_length(value))::text;
     END IF;
 END
@@ -1187,7 +1324,8 @@ BEGIN
 END
 $$;
 
--- An optional detail: a JSON object or NULL.
+-- An optional detail: a JSON object or NULL, at most
+-- ledger._max_detail_bytes() as text.
 CREATE FUNCTION ledger._check_detail(value jsonb)
 RETURNS void
 LANGUAGE plpgsql
@@ -1200,10 +1338,43 @@ BEGIN
             MESSAGE = 'argument detail must be a JSON object',
             DETAIL = jsonb_build_object('argument', 'detail', 'type', jsonb_typeof(value))::text;
     END IF;
+    IF octet_length(value::text) > ledger._max_detail_bytes() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument detail must be at most %s bytes as JSON text', ledger._max_detail_bytes()),
+            DETAIL = jsonb_build_object('argument', 'detail', 'bytes', octet_length(value::text),
+                                        'max', ledger._max_detail_bytes())::text;
+    END IF;
 END
 $$;
 
--- A ttl, when given, must be positive.
+-- A duration argument (ttl, older_than): NULL passes (the caller decides
+-- whether it is required). Every part must be non-negative, so that adding it
+-- to an instant moves forward whatever the calendar ('-1 year 361 days' is
+-- "positive" by interval comparison, yet lands before its start), and the
+-- whole must lie in (0, upper]: the views add and multiply these values, and
+-- a bound keeps every result in timestamptz's range.
+CREATE FUNCTION ledger._check_duration(value interval, arg text, upper interval)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL THEN
+        RETURN;
+    END IF;
+    IF value <= interval '0' OR value > upper
+       OR date_trunc('month', value) < interval '0'
+       OR date_trunc('day', value) - date_trunc('month', value) < interval '0'
+       OR value - date_trunc('day', value) < interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument %s must be positive, with no negative part, and at most %s', arg, upper),
+            DETAIL = jsonb_build_object('argument', arg, 'value', value::text, 'max', upper::text)::text;
+    END IF;
+END
+$$;
+
+-- A ttl, when given: positive, at most ledger._max_ttl().
 CREATE FUNCTION ledger._check_ttl(value interval)
 RETURNS void
 LANGUAGE plpgsql
@@ -1211,11 +1382,42 @@ IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF value <= interval '0' THEN
+    PERFORM ledger._check_duration(value, 'ttl', ledger._max_ttl());
+END
+$$;
+
+-- An instant argument (slot, at), when given: inside the ledger's time range.
+CREATE FUNCTION ledger._check_instant(value timestamptz, arg text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value < ledger._min_instant() OR value >= ledger._max_instant() OR NOT isfinite(value) THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'argument ttl must be positive',
-            DETAIL = jsonb_build_object('argument', 'ttl', 'value', value::text)::text;
+            MESSAGE = format('argument %s must be a finite timestamp from %s to before %s',
+                             arg, ledger._min_instant(), ledger._max_instant()),
+            DETAIL = jsonb_build_object('argument', arg, 'value', value::text,
+                                        'min', ledger._min_instant(), 'max', ledger._max_instant())::text;
     END IF;
+END
+$$;
+
+-- A failure's error text, bounded: a longer one is cut and marked, so a
+-- runaway stack trace cannot bloat the log (the run still ends).
+CREATE FUNCTION ledger._bounded_error(value text)
+RETURNS text
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF char_length(value) <= ledger._max_error_length() THEN
+        RETURN value;
+    END IF;
+    RETURN left(value, ledger._max_error_length())
+        || format(' [truncated: %s characters in all]', char_length(value));
 END
 $$;
 
@@ -1280,12 +1482,17 @@ BEGIN
 END
 $$;
 
--- A token must survive a crash even when the caller set
--- synchronous_commit = off: raise it to `local` for the rest of this
--- transaction. A function-level SET clause would not do: it is undone when the
--- function returns, before COMMIT reads the setting.
-CREATE FUNCTION ledger._make_durable()
-RETURNS void
+-- A token must survive a crash whatever the caller does after the call
+-- (SET LOCAL synchronous_commit = off right before COMMIT, say). A setting
+-- made inside the function would not do: the caller can lower it again
+-- before COMMIT reads it. So the lease row carries a deferred constraint
+-- trigger (20_tables.sql): it fires inside COMMIT, after the caller's last
+-- statement, and raises synchronous_commit to `local` for the commit record
+-- of every transaction that issued a token. What stays outside: a caller
+-- that runs SET CONSTRAINTS ALL IMMEDIATE (the trigger fires at once) and
+-- then lowers the setting (docs/design.md).
+CREATE FUNCTION ledger._durable_token()
+RETURNS trigger
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -1294,6 +1501,115 @@ BEGIN
     IF current_setting('synchronous_commit') = 'off' THEN
         PERFORM set_config('synchronous_commit', 'local', true);
     END IF;
+    RETURN NULL;
+END
+$$;
+
+-- How long a caller of acquire, start_run or start_due_run waits for a job's
+-- lease row that another transaction holds (a careless client inside BEGIN).
+-- Past it, the call answers as if another owner held the lease.
+CREATE FUNCTION ledger._lock_wait() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $x$ SELECT '1s'::text $x$;
+
+-- The job's lease row for a caller that wants to take it, as one of:
+--   'held'    another owner's live lease, read without a lock: the caller
+--             skips, and a skip takes no row lock and waits for nobody;
+--   'locked'  the row, locked FOR UPDATE, as it is now;
+--   'created' no row existed: a new one, locked, leased to `owner` with the
+--             job's first token;
+--   'busy'    another transaction held the row past ledger._lock_wait():
+--             `lease` is the last committed row (or NULL), and the caller
+--             answers as for 'held'.
+-- Every writer takes the lease row first, then run rows, then counters.
+CREATE FUNCTION ledger._lock_lease(
+    job text, owner text, ttl interval, timeline integer,
+    OUT lease ledger.leases, OUT state text)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_wait text;
+BEGIN
+    SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job;
+    IF FOUND THEN
+        IF lease.released_at IS NULL AND lease.expires_at > clock_timestamp()
+           AND lease.owner <> _lock_lease.owner THEN
+            state := 'held';
+            RETURN;
+        END IF;
+        -- The usual case: nobody else is writing this job right now.
+        SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            state := 'locked';
+            RETURN;
+        END IF;
+    END IF;
+
+    -- Another transaction holds the row (or is inserting it): wait for it,
+    -- within the bound. The block is a subtransaction, paid only here.
+    v_wait := current_setting('lock_timeout');
+    BEGIN
+        PERFORM set_config('lock_timeout', ledger._lock_wait(), true);
+        FOR attempt IN 1 .. 3 LOOP
+            SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job FOR UPDATE;
+            IF FOUND THEN
+                state := 'locked';
+                EXIT;
+            END IF;
+            INSERT INTO ledger.leases (job, owner, token, ttl, acquired_at, expires_at, timeline)
+            SELECT _lock_lease.job, _lock_lease.owner, ledger._next_token(NULL, NULL, timeline),
+                   ttl, now_.at, now_.at + ttl, timeline
+              FROM (SELECT clock_timestamp() AS at) now_
+            ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
+            RETURNING * INTO lease;
+            IF FOUND THEN
+                state := 'created';
+                EXIT;
+            END IF;
+        END LOOP;
+        PERFORM set_config('lock_timeout', v_wait, true);
+    EXCEPTION WHEN lock_not_available THEN
+        -- The subtransaction's rollback restored lock_timeout.
+        SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job;
+        state := 'busy';
+    END;
+    IF state IS NULL THEN
+        state := 'busy';  -- three races lost in a row: answer as busy
+    END IF;
+END
+$$;
+
+-- Count a skip without waiting past `wait` for the job's counters row, which
+-- another open transaction may hold (the skip path holds no lease row lock):
+-- ledger._lock_wait(), or a few milliseconds when the caller already waited
+-- that long for the lease row. A skip count lost that way is harmless; a
+-- hang is not.
+CREATE FUNCTION ledger._count_skip(job text, wait text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_wait text;
+BEGIN
+    UPDATE ledger.counters c SET skipped_overlap = c.skipped_overlap + 1
+      FROM (SELECT t.job FROM ledger.counters t WHERE t.job = _count_skip.job
+               FOR UPDATE SKIP LOCKED) free_
+     WHERE c.job = free_.job;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    v_wait := current_setting('lock_timeout');
+    BEGIN
+        PERFORM set_config('lock_timeout', wait, true);
+        PERFORM ledger._count(job, skipped_overlap => 1);
+        PERFORM set_config('lock_timeout', v_wait, true);
+    EXCEPTION WHEN lock_not_available THEN
+        NULL;
+    END;
 END
 $$;
 
@@ -1328,6 +1644,13 @@ $$;
 -- Leases: a per-job, time-limited lock with a fencing token, taken by
 -- compare-and-set on the job's row in ledger.leases.
 
+-- Every transaction that issues a token commits durably (see
+-- ledger._durable_token): deferred, so it runs inside COMMIT itself.
+CREATE CONSTRAINT TRIGGER leases_durable_token
+    AFTER INSERT OR UPDATE OF token ON ledger.leases
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION ledger._durable_token();
+
 CREATE FUNCTION ledger.acquire(job text, owner text, ttl interval DEFAULT NULL)
 RETURNS SETOF ledger.lease
 LANGUAGE plpgsql
@@ -1336,42 +1659,42 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now      timestamptz;
     v_ttl      interval;
     v_timeline integer;
-    v_lease    ledger.lease;
+    v_took     record;
+    v_lease    ledger.leases;
+    v_now      timestamptz;
 BEGIN
     PERFORM ledger._check_label(job, 'job');
     PERFORM ledger._check_label(owner, 'owner');
     v_ttl := ledger._resolve_ttl(job, ttl);
-    v_now := clock_timestamp();
     v_timeline := ledger._timeline();
 
-    -- One statement: the row lock taken by ON CONFLICT makes the check and
-    -- the take atomic, so two callers can never both win. The clock is read
-    -- again once the row is locked: a caller that waited for the previous
-    -- holder must not date its lease before that holder let go.
-    INSERT INTO ledger.leases AS l
-        (job, owner, token, ttl, acquired_at, expires_at, released_at, timeline)
-    VALUES (acquire.job, acquire.owner, ledger._next_token(NULL, NULL, v_timeline),
-            v_ttl, v_now, v_now + v_ttl, NULL, v_timeline)
-    ON CONFLICT ON CONSTRAINT leases_pkey DO UPDATE SET
-        owner       = excluded.owner,
-        token       = ledger._next_token(l.token, l.timeline, excluded.timeline),
-        ttl         = excluded.ttl,
-        (acquired_at, expires_at) = (SELECT now_.at, now_.at + excluded.ttl
-                                       FROM (SELECT clock_timestamp() AS at) now_),
-        released_at = NULL,
-        timeline    = excluded.timeline
-    WHERE l.expires_at <= clock_timestamp()
-       OR l.released_at IS NOT NULL
-       OR l.owner = excluded.owner
-    RETURNING l.job, l.owner, l.token, l.acquired_at, l.expires_at
-    INTO v_lease;
+    v_took := ledger._lock_lease(job, owner, v_ttl, v_timeline);
+    v_lease := v_took.lease;
+    IF v_took.state = 'created' THEN
+        RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
+        RETURN;
+    ELSIF v_took.state IN ('held', 'busy') THEN
+        RETURN;
+    END IF;
 
-    IF FOUND THEN
-        PERFORM ledger._make_durable();
-        RETURN NEXT v_lease;
+    -- Locked: free, expired, or already ours? Then take it with a new token.
+    -- The clock is read once the row is locked: a caller that waited for the
+    -- previous holder must not date its lease before that holder let go.
+    v_now := clock_timestamp();
+    IF v_lease.expires_at <= v_now OR v_lease.released_at IS NOT NULL OR v_lease.owner = owner THEN
+        UPDATE ledger.leases l SET
+            owner       = acquire.owner,
+            token       = ledger._next_token(l.token, l.timeline, v_timeline),
+            ttl         = v_ttl,
+            acquired_at = v_now,
+            expires_at  = v_now + v_ttl,
+            released_at = NULL,
+            timeline    = v_timeline
+         WHERE l.job = acquire.job
+        RETURNING * INTO v_lease;
+        RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
     END IF;
 END
 $$;
@@ -1458,21 +1781,19 @@ $$;
 COMMENT ON FUNCTION ledger.is_current(text, bigint) IS
     'True when the token is the job''s current token and its lease has not expired';
 
-CREATE FUNCTION ledger.assert_current(job text, token bigint)
+-- LD001 unless `token` is the job's current token and its lease is live:
+-- the body of assert_current, and the first check of both fences.
+CREATE FUNCTION ledger._assert_live(job text, token bigint)
 RETURNS void
 LANGUAGE plpgsql
 STABLE
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_lease ledger.leases;
-    v_now   timestamptz := clock_timestamp();
 BEGIN
-    PERFORM ledger._check_label(job, 'job');
-    PERFORM ledger._check_token(token);
-    SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = assert_current.job;
-    IF v_lease.token = token AND v_lease.released_at IS NULL AND v_lease.expires_at > v_now THEN
+    SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = _assert_live.job;
+    IF v_lease.token = token AND v_lease.released_at IS NULL AND v_lease.expires_at > clock_timestamp() THEN
         RETURN;
     END IF;
     PERFORM ledger._raise('LD001',
@@ -1486,36 +1807,105 @@ BEGIN
             'released', v_lease.released_at IS NOT NULL));
 END
 $$;
+
+CREATE FUNCTION ledger.assert_current(job text, token bigint)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    PERFORM ledger._check_token(token);
+    PERFORM ledger._assert_live(job, token);
+END
+$$;
 COMMENT ON FUNCTION ledger.assert_current(text, bigint) IS
     'Raise LD001 unless is_current: the runner''s last check before a side effect';
 -- Fences: the resource side of fencing. A fence remembers, per resource, the
--- highest token it accepted. Call it in the same transaction as the write it
--- guards, so the fence moves and the write commits together, or neither does.
+-- highest token it accepted and the job it belongs to. Call it in the same
+-- transaction as the write it guards, so the fence moves and the write
+-- commits together, or neither does.
+--
+-- Only the job's current live token is accepted, so a token the job was never
+-- issued (or a stale one) can never be recorded: nobody can poison a
+-- resource by fencing it with a huge number. A resource belongs to the job
+-- that first wrote through it; another job's token is refused (LD006),
+-- because tokens of two jobs are numbers that mean nothing to each other.
 
-CREATE FUNCTION ledger.advance_fence(resource text, token bigint)
+-- The checks both fences share: arguments, the lease (LD001 unless `token`
+-- is the job's current live token), the owner job of the resource (LD006),
+-- and a newer token that already wrote (LD002). Returns the token the fence
+-- had recorded (its row now locked), or NULL when this call created the
+-- fence with `token`.
+CREATE FUNCTION ledger._checked_fence(job text, resource text, token bigint)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_fence ledger.fences;
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    PERFORM ledger._check_label(resource, 'resource');
+    PERFORM ledger._check_token(token);
+    PERFORM ledger._assert_live(job, token);
+    LOOP
+        SELECT * INTO v_fence FROM ledger.fences f WHERE f.resource = _checked_fence.resource FOR UPDATE;
+        EXIT WHEN FOUND;
+        INSERT INTO ledger.fences (resource, job, token, advanced_at)
+        VALUES (_checked_fence.resource, _checked_fence.job, _checked_fence.token, clock_timestamp())
+        ON CONFLICT ON CONSTRAINT fences_pkey DO NOTHING;
+        IF FOUND THEN
+            RETURN NULL;  -- the first fenced write: the resource is the job's now
+        END IF;
+        -- A concurrent first write won: read its row.
+    END LOOP;
+    IF v_fence.job <> job THEN
+        PERFORM ledger._raise('LD006',
+            format('fence of another job: resource %s belongs to job %s, not %s', resource, v_fence.job, job),
+            jsonb_build_object('resource', resource, 'job', job, 'bound_job', v_fence.job,
+                               'token', token));
+    END IF;
+    IF v_fence.token > token THEN
+        -- Current when checked, yet a newer token already wrote: a takeover
+        -- committed in between.
+        PERFORM ledger._raise('LD002',
+            format('stale fence token: resource %s accepted token %s, got %s', resource, v_fence.token, token),
+            jsonb_build_object('resource', resource, 'job', job, 'token', token,
+                               'highest_token', v_fence.token));
+    END IF;
+    RETURN v_fence.token;
+END
+$$;
+
+CREATE FUNCTION ledger.advance_fence(job text, resource text, token bigint)
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_recorded bigint := ledger._checked_fence(job, resource, token);
 BEGIN
-    PERFORM ledger._check_label(resource, 'resource');
-    PERFORM ledger._check_token(token);
     -- Strict: at most one fenced write per token.
-    INSERT INTO ledger.fences AS f (resource, token, advanced_at)
-    VALUES (advance_fence.resource, advance_fence.token, clock_timestamp())
-    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE SET
-        token = excluded.token,
-        advanced_at = excluded.advanced_at
-    WHERE f.token < excluded.token;
-    RETURN FOUND;
+    IF v_recorded IS NULL THEN
+        RETURN true;
+    ELSIF v_recorded = token THEN
+        RETURN false;  -- this token already wrote
+    END IF;
+    UPDATE ledger.fences f SET token = advance_fence.token, advanced_at = clock_timestamp()
+     WHERE f.resource = advance_fence.resource;
+    RETURN true;
 END
 $$;
-COMMENT ON FUNCTION ledger.advance_fence(text, bigint) IS
-    'Strict fence: record the token if greater than the highest accepted; false otherwise';
+COMMENT ON FUNCTION ledger.advance_fence(text, text, bigint) IS
+    'Strict fence: record the job''s current token if greater than the highest accepted; false when it already wrote';
 
-CREATE FUNCTION ledger.fence(resource text, token bigint)
+CREATE FUNCTION ledger.fence(job text, resource text, token bigint)
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
@@ -1523,29 +1913,18 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_highest bigint;
+    v_recorded bigint := ledger._checked_fence(job, resource, token);
 BEGIN
-    PERFORM ledger._check_label(resource, 'resource');
-    PERFORM ledger._check_token(token);
     -- Lenient: the current holder may write many times with one token.
-    INSERT INTO ledger.fences AS f (resource, token, advanced_at)
-    VALUES (fence.resource, fence.token, clock_timestamp())
-    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE SET
-        token = excluded.token,
-        advanced_at = excluded.advanced_at
-    WHERE f.token <= excluded.token;
-    IF FOUND THEN
-        RETURN token;
+    IF v_recorded < token THEN
+        UPDATE ledger.fences f SET token = fence.token, advanced_at = clock_timestamp()
+         WHERE f.resource = fence.resource;
     END IF;
-    SELECT f.token INTO v_highest FROM ledger.fences f WHERE f.resource = fence.resource;
-    PERFORM ledger._raise('LD002',
-        format('stale fence token: resource %s accepted token %s, got %s', resource, v_highest, token),
-        jsonb_build_object('resource', resource, 'token', token, 'highest_token', v_highest));
-    RETURN NULL;
+    RETURN token;
 END
 $$;
-COMMENT ON FUNCTION ledger.fence(text, bigint) IS
-    'Lenient fence: accept a token >= the highest accepted and return it; LD002 when lower';
+COMMENT ON FUNCTION ledger.fence(text, text, bigint) IS
+    'Lenient fence: accept the job''s current token if >= the highest accepted and return it; LD002 when lower';
 -- Runs: the execution log. Every function that changes a job's runs first
 -- locks the job's lease row, so all of them serialize per job in one order
 -- (lease row, then run rows, then counters) and cannot deadlock each other.
@@ -1567,6 +1946,7 @@ DECLARE
     v_now      timestamptz;
     v_ttl      interval;
     v_timeline integer;
+    v_took     record;
     v_lease    ledger.leases;
     v_running  ledger.job_execution_log;
     v_lost     bigint := 0::bigint;
@@ -1577,14 +1957,14 @@ BEGIN
     PERFORM ledger._check_label(owner, 'owner');
     PERFORM ledger._check_label(idempotency_key, 'idempotency_key', false);
     PERFORM ledger._check_detail(detail);
-    IF NOT isfinite(slot) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument slot must be a finite timestamp',
-            DETAIL = jsonb_build_object('argument', 'slot', 'value', slot)::text;
-    END IF;
-    -- One read of the job's registration serves the ttl default and the pause.
+    PERFORM ledger._check_instant(slot, 'slot');
+    -- One read of the job's registration serves the ttl default, the slot
+    -- check and the pause.
     SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = start_run.job;
     v_ttl := ledger._resolve_ttl(job, coalesce(ttl, v_job.ttl));
-    v_timeline := ledger._timeline();
+    IF slot IS NOT NULL AND v_job.schedule IS NOT NULL THEN
+        PERFORM ledger._check_slot(v_job, slot);
+    END IF;
     v_result.slot := slot;
 
     IF v_job.paused THEN
@@ -1592,47 +1972,35 @@ BEGIN
         RETURN v_result;
     END IF;
 
-    -- Lock the job's lease row; create it for a job that never had one.
-    LOOP
-        SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = start_run.job FOR UPDATE;
-        -- Read the clock once locked: a start that waited for the previous
-        -- run to end must not date itself before that end.
-        v_now := clock_timestamp();
-        EXIT WHEN FOUND;
-        INSERT INTO ledger.leases (job, owner, token, ttl, acquired_at, expires_at, timeline)
-        VALUES (start_run.job, start_run.owner, ledger._next_token(NULL, NULL, v_timeline),
-                v_ttl, v_now, v_now + v_ttl, v_timeline)
-        ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
-        RETURNING * INTO v_lease;
-        IF FOUND THEN
-            -- A job with no lease row has no runs: nothing to check.
-            RETURN ledger._insert_run(v_lease, slot, idempotency_key, detail, 0);
-        END IF;
-    END LOOP;
+    v_timeline := ledger._timeline();
+    v_took := ledger._lock_lease(job, owner, v_ttl, v_timeline);
+    v_lease := v_took.lease;
+    IF v_took.state = 'created' THEN
+        -- A job with no lease row has no runs: nothing to check.
+        RETURN ledger._insert_run(v_lease, slot, idempotency_key, detail, 0);
+    END IF;
+    -- Read the clock once locked: a start that waited for the previous run
+    -- to end must not date itself before that end.
+    v_now := clock_timestamp();
 
-    -- The previous run: still running while its lease expired, ended or went
-    -- to another token? Its runner is gone or a zombie: close it.
-    SELECT * INTO v_running FROM ledger.job_execution_log r
-     WHERE r.job = start_run.job AND r.status = 'running';
-    IF FOUND AND (v_lease.token <> v_running.token
-                  OR v_lease.released_at IS NOT NULL
-                  OR v_lease.expires_at <= v_now) THEN
-        PERFORM ledger._close_run(v_running.run_id,
-            CASE WHEN v_lease.token <> v_running.token THEN 'superseded' ELSE 'lease_expired' END,
-            v_now);
-        v_lost := v_lost + 1;
-        v_running := NULL;
+    IF v_took.state = 'locked' THEN
+        -- The previous run: still running while its lease expired, ended or
+        -- went to another token? Its runner is gone or a zombie: close it.
+        SELECT * INTO v_running FROM ledger.job_execution_log r
+         WHERE r.job = start_run.job AND r.status = 'running';
+        IF FOUND AND (v_lease.token <> v_running.token
+                      OR v_lease.released_at IS NOT NULL
+                      OR v_lease.expires_at <= v_now) THEN
+            PERFORM ledger._close_run(v_running.run_id,
+                CASE WHEN v_lease.token <> v_running.token THEN 'superseded' ELSE 'lease_expired' END,
+                v_now);
+            v_lost := v_lost + 1;
+            v_running := NULL;
+        END IF;
     END IF;
 
     -- That slot or key already succeeded or is running (wins over overlap).
-    IF (slot IS NOT NULL AND EXISTS (
-            SELECT FROM ledger.job_execution_log r
-             WHERE r.job = start_run.job AND r.slot = start_run.slot
-               AND r.status IN ('running', 'success')))
-       OR (idempotency_key IS NOT NULL AND EXISTS (
-            SELECT FROM ledger.job_execution_log r
-             WHERE r.job = start_run.job AND r.idempotency_key = start_run.idempotency_key
-               AND r.status IN ('running', 'success'))) THEN
+    IF ledger._already_done(job, slot, idempotency_key) THEN
         IF v_lost > 0 THEN
             PERFORM ledger._count(job, failures => v_lost, leases_lost => v_lost);
         END IF;
@@ -1640,9 +2008,16 @@ BEGIN
         RETURN v_result;
     END IF;
 
-    -- Another owner's live lease: a normal skip, counted apart from failures.
-    IF v_lease.released_at IS NULL AND v_lease.expires_at > v_now AND v_lease.owner <> owner THEN
-        PERFORM ledger._count(job, skipped_overlap => 1, failures => v_lost, leases_lost => v_lost);
+    -- Another owner's live lease (or a row another transaction holds past
+    -- the lock bound): a normal skip, counted apart from failures.
+    IF v_took.state IN ('held', 'busy')
+       OR (v_lease.released_at IS NULL AND v_lease.expires_at > v_now AND v_lease.owner <> owner) THEN
+        IF v_took.state = 'locked' THEN
+            PERFORM ledger._count(job, skipped_overlap => 1, failures => v_lost, leases_lost => v_lost);
+        ELSE
+            PERFORM ledger._count_skip(job, wait => CASE v_took.state WHEN 'held' THEN ledger._lock_wait()
+                                                                      ELSE '10ms' END);
+        END IF;
         v_result.outcome := 'skipped_overlap';
         v_result.holder := v_lease.owner;
         v_result.holder_expires_at := v_lease.expires_at;
@@ -1671,6 +2046,33 @@ $$;
 COMMENT ON FUNCTION ledger.start_run(text, text, interval, timestamptz, text, jsonb) IS
     'Check the previous run, take the lease and log a running run, in one transaction';
 
+-- A slot or an idempotency key that succeeded or is running, including
+-- those whose runs purge_log removed (it leaves ledger.purged_slots and
+-- ledger.purged_keys behind, so a purge never revives them).
+CREATE FUNCTION ledger._already_done(job text, slot timestamptz, idempotency_key text)
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (slot IS NOT NULL AND (
+               EXISTS (SELECT FROM ledger.job_execution_log r
+                        WHERE r.job = _already_done.job AND r.slot = _already_done.slot
+                          AND r.status IN ('running', 'success'))
+               OR EXISTS (SELECT FROM ledger.purged_slots p
+                           WHERE p.job = _already_done.job AND p.done_through >= _already_done.slot)))
+        OR (idempotency_key IS NOT NULL AND (
+               EXISTS (SELECT FROM ledger.job_execution_log r
+                        WHERE r.job = _already_done.job
+                          AND r.idempotency_key = _already_done.idempotency_key
+                          AND r.status IN ('running', 'success'))
+               OR EXISTS (SELECT FROM ledger.purged_keys k
+                           WHERE k.job = _already_done.job
+                             AND k.idempotency_key = _already_done.idempotency_key)));
+END
+$$;
+
 -- Log a running run under a lease the caller has just taken (and holds
 -- locked); count it, with `lost` earlier runs closed on the way.
 CREATE FUNCTION ledger._insert_run(
@@ -1689,7 +2091,6 @@ BEGIN
             'running', lease.acquired_at, lease.acquired_at, _insert_run.detail)
     RETURNING run_id INTO v_result.run_id;
     PERFORM ledger._count(lease.job, runs_started => 1, failures => lost, leases_lost => lost);
-    PERFORM ledger._make_durable();
     v_result.outcome := 'started';
     v_result.token := lease.token;
     v_result.expires_at := lease.expires_at;
@@ -1841,7 +2242,7 @@ BEGIN
     UPDATE ledger.job_execution_log r SET
         status         = _end_run.status,
         failure_reason = _end_run.failure_reason,
-        error          = _end_run.error,
+        error          = ledger._bounded_error(_end_run.error),
         completed_at   = v_now,
         detail         = CASE WHEN _end_run.detail IS NULL THEN r.detail
                               ELSE coalesce(r.detail, '{}'::jsonb) || _end_run.detail END
@@ -1999,6 +2400,32 @@ BEGIN
 END
 $$;
 
+-- An explicit slot for a scheduled job must be one of its schedule's slots
+-- and not in the future: a run for '200000-01-01' would otherwise succeed,
+-- leave nothing due for ever, and silence the job without an alert.
+CREATE FUNCTION ledger._check_slot(job ledger.jobs, slot timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF slot > clock_timestamp() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument slot %s is in the future: job %s runs a slot once it is due', slot, job.job),
+            DETAIL = jsonb_build_object('argument', 'slot', 'job', job.job, 'value', slot)::text;
+    END IF;
+    IF ledger._slot_at_or_before(job.schedule_spec, job.time_zone, slot) IS DISTINCT FROM slot THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument slot %s is not a slot of job %s (schedule %s in %s)',
+                             slot, job.job, job.schedule, job.time_zone),
+            DETAIL = jsonb_build_object('argument', 'slot', 'job', job.job, 'value', slot,
+                                        'schedule', job.schedule, 'time_zone', job.time_zone,
+                                        'previous_slot', ledger._slot_at_or_before(job.schedule_spec, job.time_zone, slot))::text;
+    END IF;
+END
+$$;
+
 -- The newest slot that succeeded or is running: where catch-up starts. A
 -- run still marked running whose lease expired (its runner crashed) does not
 -- count: its slot stays due, and start_run closes it before retrying.
@@ -2077,9 +2504,11 @@ BEGIN
     PERFORM ledger._check_label(job, 'job');
     IF max_backfill IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument max_backfill must not be null';
-    ELSIF max_backfill < 1 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument max_backfill must be at least 1',
-            DETAIL = jsonb_build_object('argument', 'max_backfill', 'value', max_backfill)::text;
+    ELSIF max_backfill < 1 OR max_backfill > ledger._max_backfill() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument max_backfill must be from 1 to %s', ledger._max_backfill()),
+            DETAIL = jsonb_build_object('argument', 'max_backfill', 'value', max_backfill,
+                                        'max', ledger._max_backfill())::text;
     END IF;
     PERFORM ledger._check_ttl(ttl);
     PERFORM ledger._check_time_zone(time_zone);
@@ -2159,10 +2588,7 @@ DECLARE
     v_job ledger.jobs;
 BEGIN
     PERFORM ledger._check_label(job, 'job');
-    IF NOT isfinite(at) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument at must be a finite timestamp',
-            DETAIL = jsonb_build_object('argument', 'at', 'value', at)::text;
-    END IF;
+    PERFORM ledger._check_instant(at, 'at');
     v_job := ledger._scheduled_job(job);
     IF v_job.paused THEN
         RETURN;
@@ -2246,10 +2672,8 @@ DECLARE
 BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument older_than must not be null';
-    ELSIF older_than <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'argument older_than must be positive',
-            DETAIL = jsonb_build_object('argument', 'older_than', 'value', older_than::text)::text;
     END IF;
+    PERFORM ledger._check_duration(older_than, 'older_than', ledger._max_older_than());
     v_cutoff := clock_timestamp() - older_than;
 
     -- Keep each job's newest success, by slot (catch-up starts from it) and
@@ -2270,7 +2694,20 @@ BEGIN
          WHERE r.status <> 'running'
            AND r.completed_at < v_cutoff
            AND r.run_id NOT IN (SELECT keep.run_id FROM keep)
-        RETURNING 1
+        RETURNING r.run_id, r.job, r.slot, r.idempotency_key, r.status, r.completed_at
+    ), slots_done AS (
+        -- What a purge must not forget: the slots and keys that succeeded.
+        INSERT INTO ledger.purged_slots AS p (job, done_through)
+        SELECT purged.job, max(purged.slot) FROM purged
+         WHERE purged.status = 'success' AND purged.slot IS NOT NULL
+         GROUP BY purged.job
+        ON CONFLICT ON CONSTRAINT purged_slots_pkey DO UPDATE SET
+            done_through = greatest(p.done_through, excluded.done_through)
+    ), keys_done AS (
+        INSERT INTO ledger.purged_keys (job, idempotency_key, run_id, completed_at)
+        SELECT purged.job, purged.idempotency_key, purged.run_id, purged.completed_at FROM purged
+         WHERE purged.status = 'success' AND purged.idempotency_key IS NOT NULL
+        ON CONFLICT ON CONSTRAINT purged_keys_pkey DO NOTHING
     )
     SELECT count(*) INTO v_deleted FROM purged;
 
@@ -2509,3 +2946,50 @@ BEGIN
     END LOOP;
 END
 $pure$;
+
+-- Least privilege for the ledger itself: everything in the schema belongs to
+-- ledger_owner (NOLOGIN, no other privileges), so a SECURITY DEFINER
+-- function runs as that role, never as the superuser who may have installed
+-- it. The installer keeps the schema (DROP SCHEMA ledger CASCADE still
+-- uninstalls) and alembic's version table. To hand objects to ledger_owner
+-- the installer must be a member: a superuser is; a CREATEROLE user that
+-- created the role grants it to itself; otherwise an administrator has.
+DO $owner$
+DECLARE
+    v_object record;
+BEGIN
+    IF NOT pg_catalog.pg_has_role(current_user, 'ledger_owner', 'USAGE') THEN
+        BEGIN
+            EXECUTE format('GRANT ledger_owner TO %I', current_user);
+        EXCEPTION WHEN insufficient_privilege OR invalid_grant_operation THEN
+            RAISE EXCEPTION USING ERRCODE = '42501',
+                MESSAGE = format('%s must be a member of ledger_owner to install the ledger', current_user),
+                HINT = format('An administrator runs once: GRANT ledger_owner TO %I;', current_user);
+        END;
+    END IF;
+    GRANT USAGE, CREATE ON SCHEMA ledger TO ledger_owner;
+    FOR v_object IN
+        SELECT format('ALTER %s %s OWNER TO ledger_owner',
+                      CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END,
+                      c.oid::regclass) AS statement
+          FROM pg_catalog.pg_class c
+         WHERE c.relnamespace = 'ledger'::regnamespace
+           AND c.relkind IN ('r', 'v', 'p')
+           AND c.relname <> 'alembic_version'
+        UNION ALL
+        SELECT format('ALTER ROUTINE %s OWNER TO ledger_owner', p.oid::regprocedure)
+          FROM pg_catalog.pg_proc p
+         WHERE p.pronamespace = 'ledger'::regnamespace
+        UNION ALL
+        SELECT format('ALTER %s %s OWNER TO ledger_owner',
+                      CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, t.oid::regtype)
+          FROM pg_catalog.pg_type t
+         WHERE t.typnamespace = 'ledger'::regnamespace
+           AND t.typtype IN ('c', 'd')
+           AND NOT EXISTS (SELECT FROM pg_catalog.pg_class c
+                            WHERE c.oid = t.typrelid AND c.relkind <> 'c')
+    LOOP
+        EXECUTE v_object.statement;
+    END LOOP;
+END
+$owner$;
