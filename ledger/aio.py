@@ -6,6 +6,16 @@ Over an ``AsyncConnection``, an ``AsyncConnectionPool`` or a conninfo string
 Contexts are ``async with``; the heartbeat is a task on the context's own
 connection; cancelling the task running the body records the run as
 ``cancelled`` and lets the cancellation propagate.
+
+Connections, poolers, bounds and the local deadline as in
+:mod:`ledger.client`: the pool opened from a DSN (on first use or
+``async with``) checks one connection first (LedgerUnavailable at once for a
+wrong DSN) and never prepares statements; a context's own connection opened
+from a caller's ``AsyncConnection`` takes its ``prepare_threshold``; each
+call of a context is bounded (``statement_timeout`` sent with the call, and
+an event-loop timer that shuts the socket down when no answer came), and
+``check``/``fence``/``advance_fence``/the end treat a passed local deadline
+as a lost lease, even while the heartbeat task is stuck in a call.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -24,10 +35,11 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import BaseRowFactory, class_row, dict_row, scalar_row
 from psycopg_pool import AsyncConnectionPool
 
+from ledger import connect as connecting
 from ledger import queries
-from ledger.client import describe, jsonb, run_start, split_time_left
-from ledger.errors import LeaseLost, LeaseSuperseded, RunNotRunning, StaleToken, translated
-from ledger.heartbeat import AsyncHeartbeat, LeaseState, OnLost, beat_interval
+from ledger.client import end_call, jsonb, run_start, split_time_left
+from ledger.errors import LeaseLost, LeaseSuperseded, LedgerUnavailable, RunNotRunning, StaleToken, translated
+from ledger.heartbeat import AsyncHeartbeat, Deadline, LeaseState, OnLost, Renewal, beat_interval, seconds
 from ledger.identity import default_owner
 from ledger.models import Job, JobStatus, Lease, Run, RunStart
 
@@ -92,24 +104,72 @@ def conninfo_of(conn: AsyncConnection) -> str:
 
 
 class _AsyncControl:
-    """A context's own connection (see ``ledger.client._Control``)."""
+    """A context's own connection (see ``ledger.client._Control``); the client-side bound is a loop timer."""
 
-    def __init__(self, connect: Callable[[], Awaitable[AsyncConnection]],
+    def __init__(self, connect: Callable[[float], Awaitable[AsyncConnection]],
                  give_back: Callable[[AsyncConnection], Awaitable[None]]) -> None:
         self._connect = connect
         self._give_back = give_back
         self._conn: AsyncConnection | None = None
+        self._where = "?"
         self._lock = asyncio.Lock()
+        self._give_up: Callable[[], None] | None = None
+        self._alarm: asyncio.TimerHandle | None = None
+        self.timeout = connecting.DEFAULT_CALL_TIMEOUT
 
     async def execute(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R]) -> list[R]:
+        return (await self.call(query, params, row_factory))[0]
+
+    async def call(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R], *,
+                   bound: float | None = None) -> tuple[list[R], float]:
         async with self._lock:
             if self._conn is not None and (self._conn.closed or self._conn.broken):
                 await self._release()
+            timeout, limit = connecting.call_bounds(self.timeout, bound)
             if self._conn is None:
-                self._conn = await self._connect()
-            return await execute_own(self._conn, query, params, row_factory)
+                self._conn = await self._connect(limit if bound is not None else limit + connecting.CONNECT_TIMEOUT)
+                self._where = connecting.where(self._conn)
+            conn = self._conn
+            given_up = False
+
+            def give_up() -> None:
+                nonlocal given_up
+                if not given_up:
+                    given_up = True
+                    connecting.abort(conn)
+
+            sent = time.monotonic()
+            timer = asyncio.get_running_loop().call_later(limit, give_up)
+            self._give_up = give_up
+            try:
+                rows = await connecting.execute_bounded_async(conn, query, params, row_factory, timeout)
+            except psycopg.OperationalError as error:
+                if given_up:
+                    raise LedgerUnavailable(
+                        f"no answer from the ledger's database ({self._where}) within {limit:.3g}s: "
+                        "the connection was given up", {}) from error
+                raise
+            finally:
+                timer.cancel()
+                self._give_up = None
+            return rows, sent
+
+    def abort(self) -> None:
+        """Give up the call in flight, if any: it raises LedgerUnavailable."""
+        if self._give_up is not None:
+            self._give_up()
+
+    def alarm(self, at: float | None, action: Callable[[], object] | None = None) -> None:
+        """Run ``action`` at monotonic time ``at`` in the event loop (None: no alarm)."""
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None
+        if at is not None and action is not None:
+            delay = max(0.0, at - time.monotonic())
+            self._alarm = asyncio.get_running_loop().call_later(delay, action)
 
     async def close(self) -> None:
+        self.alarm(None)
         async with self._lock:
             await self._release()
 
@@ -156,10 +216,21 @@ class _AsyncHolding:
 
     @property
     def lost_error(self) -> LeaseLost | None:
-        return self._state.lost_error() if self._state.is_lost else None
+        """The LeaseLost error once the lease is known lost (or its local deadline passed), else None."""
+        return self._state.lost_error() if self._state.check_lost() else None
+
+    @property
+    def time_left(self) -> timedelta | None:
+        """Time to the lease's local deadline while held (zero once lost); None when not held."""
+        left = self._state.time_left()
+        return None if left is None else timedelta(seconds=left)
+
+    def is_lost(self) -> bool:
+        """True once the lease is known lost or its local deadline has passed (no I/O; marks the loss)."""
+        return self._state.check_lost()
 
     async def check(self, *, remote: bool = False) -> None:
-        """Raise LeaseLost when the lease is known lost; with ``remote``, ask the ledger too."""
+        """Raise LeaseLost when the lease is known lost or its local deadline passed; ``remote``: ask the ledger too."""
         token = self._require_token()
         self._state.raise_if_lost()
         if remote:
@@ -202,16 +273,46 @@ class _AsyncHolding:
         return "not entered"
 
     def _start_heartbeat(self, interval: timedelta | None, ttl: timedelta | None,
-                         time_left: timedelta | None, beat: Callable[[], Awaitable[timedelta | None]]) -> None:
-        assert time_left is not None
+                         time_left: timedelta | None, sent_at: float,
+                         beat: Callable[[], Awaitable[Renewal]]) -> None:
+        assert time_left is not None and self._control is not None
+        control = self._control
+        deadline = self._state.deadline = Deadline(time_left, sent_at)
+        control.timeout = connecting.call_timeout(seconds(ttl if ttl is not None else time_left))
+
+        def renewed(at: float) -> None:  # lost at the deadline, on time, even if the heartbeat is stuck
+            control.alarm(at, alarm)
+
+        def alarm() -> None:
+            current = self._state.deadline
+            if not self._state.check_lost() and current is not None:  # woken a hair early, or renewed since
+                control.alarm(current.at, alarm)
+
+        renewed(deadline.at)
         self._heartbeat = AsyncHeartbeat(
-            beat=beat, interval=beat_interval(interval, ttl, time_left), time_left=time_left,
-            state=self._state, name=f"ledger-heartbeat:{self.job}:{self.token}")
+            beat=beat, interval=beat_interval(interval, ttl, time_left),
+            state=self._state, name=f"ledger-heartbeat:{self.job}:{self.token}", renewed=renewed)
         self._heartbeat.start()
 
-    async def _stop_heartbeat(self) -> None:
+    async def _renewal(self, query: str, params: Mapping[str, Any]) -> Renewal:
+        assert self._control is not None
+        deadline = self._state.deadline
+        bound = None if deadline is None else deadline.remaining()
+        rows, sent = await self._control.call(query, params, dict_row, bound=bound)
+        row = rows[0]
+        return Renewal(None if row["expires_at"] is None else row["time_left"], sent)
+
+    async def _stop_heartbeat(self) -> bool:
+        """Stop the heartbeat (giving up its call when the lease is already lost); True when lost."""
         if self._heartbeat is not None:
+            if self._state.check_lost() and self._control is not None:
+                self._control.abort()
             await self._heartbeat.stop()
+        lost = self._state.check_lost()
+        self._state.deadline = None
+        if self._control is not None:
+            self._control.alarm(None)
+        return lost
 
     async def _close_control(self) -> None:
         if self._control is not None:
@@ -286,12 +387,12 @@ class AsyncRunContext(_AsyncHolding):
         try:
             if self._due:
                 params: dict[str, Any] = {"job": self.job, "owner": self.owner, "ttl": self._ttl}
-                row = (await control.execute(queries.START_DUE_RUN, params, dict_row))[0]
+                rows, sent = await control.call(queries.START_DUE_RUN, params, dict_row)
             else:
                 params = {"job": self.job, "owner": self.owner, "ttl": self._ttl, "slot": self._slot,
                           "idempotency_key": self._idempotency_key, "detail": jsonb(self._start_detail)}
-                row = (await control.execute(queries.START_RUN, params, dict_row))[0]
-            start, time_left = run_start(row)
+                rows, sent = await control.call(queries.START_RUN, params, dict_row)
+            start, time_left = run_start(rows[0])
         except BaseException:
             await control.close()
             raise
@@ -303,16 +404,13 @@ class AsyncRunContext(_AsyncHolding):
         self._state.run_id = start.run_id
         self._open = True
         try:
-            self._start_heartbeat(self._heartbeat_interval, self._ttl, time_left, self._beat)
+            self._start_heartbeat(self._heartbeat_interval, self._ttl, time_left, sent, self._beat)
         except BaseException as error:
             await self._end(error)
             raise
 
-    async def _beat(self) -> timedelta | None:
-        assert self._control is not None
-        params = {"run_id": self.run_id, "token": self.token, "ttl": self._ttl}
-        row = (await self._control.execute(queries.HEARTBEAT, params, dict_row))[0]
-        return None if row["expires_at"] is None else row["time_left"]
+    async def _beat(self) -> Renewal:
+        return await self._renewal(queries.HEARTBEAT, {"run_id": self.run_id, "token": self.token, "ttl": self._ttl})
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
@@ -321,32 +419,24 @@ class AsyncRunContext(_AsyncHolding):
 
     async def _end(self, exc: BaseException | None, error_text: str | None = None) -> None:
         self._open = False
-        await self._stop_heartbeat()
+        lost = self._state.lost_error() if await self._stop_heartbeat() else None
         assert self._control is not None
-        params: dict[str, Any] = {"run_id": self.run_id, "token": self.token}
+        query, params = end_call(self.run_id, self.token, exc, error_text, lost, self.detail)
         try:
-            if exc is None:
-                query = queries.COMPLETE_RUN
-                params["detail"] = jsonb(self.detail or None)
-            elif isinstance(exc, Exception):
-                query = queries.FAIL_RUN
-                params["error"] = error_text or describe(exc)
-                params["detail"] = jsonb(self.detail or None)
-            else:
-                query = queries.CANCEL_RUN
-                params["error"] = error_text or describe(exc)
             self.result = (await self._control.execute(query, params, class_row(Run)))[0]
         except (LeaseSuperseded, RunNotRunning) as error:
-            lost = self._state.mark_lost("the ledger refused to end the run", error)
+            refused = self._state.mark_lost("the ledger refused to end the run", error)
             if exc is None:
-                raise lost from error
+                raise refused from error
             log.warning("run %s of job %s could not record its end: %s", self.run_id, self.job, error)
         except Exception as error:
-            if exc is None:
+            if exc is None and lost is None:
                 raise
             log.warning("run %s of job %s could not record its end: %s", self.run_id, self.job, error)
         finally:
             await self._close_control()
+        if exc is None and lost is not None:
+            raise lost
 
 
 class AsyncLeaseContext(_AsyncHolding):
@@ -379,7 +469,7 @@ class AsyncLeaseContext(_AsyncHolding):
         control = await self._ledger._open_control()
         self._control = control
         try:
-            rows = await control.execute(
+            rows, sent = await control.call(
                 queries.ACQUIRE, {"job": self.job, "owner": self.owner, "ttl": self._ttl}, dict_row)
         except BaseException:
             await control.close()
@@ -392,17 +482,15 @@ class AsyncLeaseContext(_AsyncHolding):
         self._state.token = self.lease.token
         self._open = True
         try:
-            self._start_heartbeat(self._renew_interval, self._ttl, time_left, self._renew)
+            self._start_heartbeat(self._renew_interval, self._ttl, time_left, sent, self._renew)
         except BaseException:
             await self._release(None)
             raise
         return self
 
-    async def _renew(self) -> timedelta | None:
-        assert self._control is not None
-        params = {"job": self.job, "owner": self.owner, "token": self.token, "ttl": self._ttl}
-        row = (await self._control.execute(queries.RENEW, params, dict_row))[0]
-        return None if row["expires_at"] is None else row["time_left"]
+    async def _renew(self) -> Renewal:
+        return await self._renewal(queries.RENEW, {"job": self.job, "owner": self.owner, "token": self.token,
+                                                   "ttl": self._ttl})
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
@@ -411,21 +499,21 @@ class AsyncLeaseContext(_AsyncHolding):
 
     async def _release(self, exc: BaseException | None) -> None:
         self._open = False
-        await self._stop_heartbeat()
+        lost = self._state.lost_error() if await self._stop_heartbeat() else None
         assert self._control is not None
         try:
             params = {"job": self.job, "owner": self.owner, "token": self.token}
             self.released = bool((await self._control.execute(queries.RELEASE, params, scalar_row))[0])
         except Exception as error:
-            if exc is None:
+            if exc is None and lost is None:
                 raise
             log.warning("lease of job %s could not be released: %s", self.job, error)
         finally:
             await self._close_control()
         if self.released is False:
             lost = self._state.mark_lost("the lease was no longer held at release")
-            if exc is None:
-                raise lost
+        if exc is None and lost is not None:
+            raise lost
 
 
 async def _shielded(end: Awaitable[None]) -> None:
@@ -469,7 +557,16 @@ class AsyncScheduledJob(Generic[P, T]):
 
 
 class AsyncLedger:
-    """The ledger's SQL API over an AsyncConnection, an AsyncConnectionPool, or a conninfo string."""
+    """The ledger's SQL API over an AsyncConnection, an AsyncConnectionPool, or a conninfo string.
+
+    As :class:`ledger.client.Ledger`. From a conninfo string the pool is
+    opened on first use (or ``async with``, ``await ledger.open()``): one
+    connection is checked first, so a wrong DSN raises LedgerUnavailable
+    (naming host and port) then, at once. Its connections never prepare
+    statements; ``pool_kwargs["kwargs"]`` go over the ledger's connection
+    settings. A pool passed in is used as it is (behind a transaction
+    pooler, create it with ``kwargs={"prepare_threshold": None, ...}``).
+    """
 
     def __init__(self, source: AsyncConnection | AsyncConnectionPool[Any] | str, *, owner: str | None = None,
                  heartbeat_conninfo: str | None = None, pool_kwargs: Mapping[str, Any] | None = None) -> None:
@@ -481,13 +578,10 @@ class AsyncLedger:
         self._heartbeat_conninfo: str | None = None
         if heartbeat_conninfo is not None and not isinstance(source, psycopg.AsyncConnection):
             raise TypeError("heartbeat_conninfo applies to an AsyncLedger over an AsyncConnection only")
+        self._opening: asyncio.Lock | None = None
         if isinstance(source, str):
-            options: dict[str, Any] = {"min_size": 1, "max_size": 10, "name": "ledger"}
-            options.update(pool_kwargs or {})
-            options.setdefault("kwargs", {"autocommit": True})
             # Opened on first use (or `async with`): an async pool opens inside a running loop.
-            options["open"] = False
-            self._pool = AsyncConnectionPool(source, **options)
+            self._pool = connecting.async_pool(source, pool_kwargs or {})
             self._owns_pool = True
         elif isinstance(source, psycopg.AsyncConnection):
             self._conn = source
@@ -504,11 +598,16 @@ class AsyncLedger:
         return self._owner if self._owner is not None else default_owner()
 
     async def open(self) -> None:
-        """Open the pool the ledger owns (done on first use anyway)."""
-        if self._owns_pool and not self._pool_opened:
-            assert self._pool is not None
-            self._pool_opened = True
-            await self._pool.open()
+        """Open the pool the ledger owns (done on first use anyway); LedgerUnavailable when it cannot connect."""
+        if not self._owns_pool or self._pool_opened:
+            return
+        assert self._pool is not None
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:
+            if not self._pool_opened:
+                await connecting.open_async_pool(self._pool)
+                self._pool_opened = True
 
     async def close(self) -> None:
         """Close the pool the ledger opened from a conninfo string."""
@@ -537,10 +636,11 @@ class AsyncLedger:
             pool = self._pool
             return _AsyncControl(pool.getconn, pool.putconn)
         conninfo = self._heartbeat_conninfo
-        assert conninfo is not None
+        assert conninfo is not None and self._conn is not None
+        prepare_threshold = self._conn.prepare_threshold  # derived from the caller's: its setting
 
-        async def connect() -> AsyncConnection:
-            return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        async def connect(timeout: float) -> AsyncConnection:  # bounded by connect_timeout instead
+            return await connecting.connect_async(conninfo, prepare_threshold=prepare_threshold)
 
         async def close(conn: AsyncConnection) -> None:
             await conn.close()

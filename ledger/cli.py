@@ -131,8 +131,11 @@ def json_option(command: F) -> F:
 
 
 def connect(dsn: str) -> psycopg.Connection[Any]:
-    """An autocommit connection, named in pg_stat_activity."""
-    return psycopg.connect(dsn, autocommit=True, application_name="jobledger")
+    """An autocommit connection, named in pg_stat_activity, with the ledger's settings (``ledger.connect``:
+    nothing prepared, so it works behind a transaction pooler; LedgerUnavailable naming host and port)."""
+    from ledger.connect import connect as open_connection
+
+    return open_connection(dsn, application_name="jobledger")
 
 
 def _now(conn: psycopg.Connection[Any]) -> Any:

@@ -17,7 +17,27 @@ Connections:
   one pool connection for its whole life (so the heartbeat never waits for a
   busy pool).
 - ``Ledger("dsn")``: as with a pool, one that the ledger opens and owns; close
-  it with ``ledger.close()`` or ``with Ledger(dsn) as ledger:``.
+  it with ``ledger.close()`` or ``with Ledger(dsn) as ledger:``. One
+  connection is checked first: a wrong DSN raises
+  :class:`~ledger.errors.LedgerUnavailable` (naming host and port) at once.
+
+Behind a transaction pooler (PgBouncer ``pool_mode = transaction``): the
+connections the ledger opens (its pool, a context's own connection) never
+prepare statements (``prepare_threshold=None``, see :mod:`ledger.connect`);
+a context's own connection opened from a caller's connection takes that
+connection's ``prepare_threshold``. A caller's pool or connection is used
+as it is: give it ``prepare_threshold=None`` behind such a pooler
+(docs/poolers.md).
+
+A context's calls (start, heartbeats, end, ``check(remote=True)``) are
+bounded: a ``statement_timeout`` of a third of the ttl (1 s to 30 s) sent
+with each call, and a client-side bound a second later after which the
+connection is given up (its socket shut down) and the call raises
+LedgerUnavailable; a heartbeat's call is given up at the lease's local
+deadline at the latest. The local deadline counts from the moment the call
+that renewed the lease was sent; once it passes the lease is lost
+(``check``, ``fence``, ``advance_fence`` and the context's end raise
+LeaseLost), even when the heartbeat is stuck in a call.
 """
 
 from __future__ import annotations
@@ -25,6 +45,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -36,9 +57,10 @@ from psycopg.rows import BaseRowFactory, class_row, dict_row, scalar_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from ledger import connect as connecting
 from ledger import queries
-from ledger.errors import LeaseLost, LeaseSuperseded, RunNotRunning, StaleToken, translated
-from ledger.heartbeat import Heartbeat, LeaseState, OnLost, beat_interval
+from ledger.errors import LeaseLost, LeaseSuperseded, LedgerUnavailable, RunNotRunning, StaleToken, translated
+from ledger.heartbeat import Deadline, Heartbeat, LeaseState, OnLost, Renewal, beat_interval, seconds
 from ledger.identity import default_owner
 from ledger.models import Job, JobStatus, Lease, Run, RunStart
 
@@ -106,6 +128,29 @@ def run_start(row: dict[str, Any]) -> tuple[RunStart, timedelta | None]:
     return RunStart(**values), time_left
 
 
+def end_call(run_id: int | None, token: int | None, exc: BaseException | None, error_text: str | None,
+             lost: LeaseLost | None, detail: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The statement that ends a run context, and its parameters.
+
+    A normal exit completes the run, unless the lease is known lost (or its
+    local deadline passed): then the run is failed with the LeaseLost's text,
+    so a success is never recorded by a holder that could not vouch for its
+    lease. An Exception fails it; any other BaseException cancels it.
+    """
+    params: dict[str, Any] = {"run_id": run_id, "token": token}
+    if exc is None and lost is None:
+        params["detail"] = jsonb(detail or None)
+        return queries.COMPLETE_RUN, params
+    if exc is None or isinstance(exc, Exception):
+        reason = exc if exc is not None else lost
+        assert reason is not None
+        params["error"] = error_text or describe(reason)
+        params["detail"] = jsonb(detail or None)
+        return queries.FAIL_RUN, params
+    params["error"] = error_text or describe(exc)
+    return queries.CANCEL_RUN, params
+
+
 def conninfo_of(conn: Connection) -> str:
     """The conninfo of ``conn`` for a second connection; ``info.dsn`` omits the password."""
     password = conn.info.password
@@ -141,26 +186,65 @@ class _Control:
     """A context's own connection: its start, heartbeats and end, never the caller's transactions.
 
     Opened on first use; a broken connection is given back and replaced on the
-    next call, so a heartbeat survives a dropped connection.
+    next call, so a heartbeat survives a dropped connection. Every call is
+    bounded (:func:`ledger.connect.execute_bounded`): ``statement_timeout``
+    = ``timeout`` on the server, and a watchdog that shuts the connection's
+    socket down when no answer came ``CALL_GRACE`` later (or at ``bound``),
+    so a call stuck in a silent partition ends with LedgerUnavailable.
     """
 
-    def __init__(self, connect: Callable[[], Connection], give_back: Callable[[Connection], None]) -> None:
+    def __init__(self, connect: Callable[[float], Connection], give_back: Callable[[Connection], None],
+                 name: str) -> None:
         self._connect = connect
         self._give_back = give_back
         self._conn: Connection | None = None
+        self._where = "?"
         self._lock = threading.Lock()
+        self._watchdog = connecting.Watchdog(name)
+        self.timeout = connecting.DEFAULT_CALL_TIMEOUT
+        """The statement timeout of each call, seconds (set from the ttl once it is known)."""
 
     def execute(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R]) -> list[R]:
+        return self.call(query, params, row_factory)[0]
+
+    def call(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R], *,
+             bound: float | None = None) -> tuple[list[R], float]:
+        """The rows and the monotonic time the call was sent; ``bound``: give up after that many seconds at most."""
         with self._lock:
             if self._conn is not None and (self._conn.closed or self._conn.broken):
                 self._release()
+            timeout, limit = connecting.call_bounds(self.timeout, bound)
             if self._conn is None:
-                self._conn = self._connect()
-            return execute_own(self._conn, query, params, row_factory)
+                # A pool's wait for a connection is bounded too (a heartbeat's by the deadline).
+                self._conn = self._connect(limit if bound is not None else limit + connecting.CONNECT_TIMEOUT)
+                self._where = connecting.where(self._conn)
+            conn = self._conn
+            sent = time.monotonic()
+            key = self._watchdog.arm(sent + limit, lambda: connecting.abort(conn))
+            try:
+                rows = connecting.execute_bounded(conn, query, params, row_factory, timeout)
+            except psycopg.OperationalError as error:
+                if self._watchdog.disarm(key):
+                    raise LedgerUnavailable(
+                        f"no answer from the ledger's database ({self._where}) within "
+                        f"{limit:.3g}s: the connection was given up", {}) from error
+                raise
+            finally:
+                self._watchdog.disarm(key)
+            return rows, sent
+
+    def abort(self) -> None:
+        """Give up the call in flight, if any (from another thread): it raises LedgerUnavailable."""
+        self._watchdog.fire()
+
+    def alarm(self, at: float | None, action: Callable[[], object] | None = None) -> None:
+        """Run ``action`` at monotonic time ``at`` in the watchdog's thread (None: no alarm)."""
+        self._watchdog.alarm(at, action)
 
     def close(self) -> None:
         with self._lock:
             self._release()
+        self._watchdog.close()
 
     def _release(self) -> None:
         conn, self._conn = self._conn, None
@@ -199,13 +283,33 @@ class _Holding:
 
     @property
     def lost_error(self) -> LeaseLost | None:
-        """The LeaseLost error once the lease is known lost, else None."""
-        return self._state.lost_error() if self._state.is_lost else None
+        """The LeaseLost error once the lease is known lost (or its local deadline passed), else None."""
+        return self._state.lost_error() if self._state.check_lost() else None
+
+    @property
+    def time_left(self) -> timedelta | None:
+        """Time to the lease's local deadline while held (zero once lost); None when not held.
+
+        The deadline is the send time of the call that last renewed the lease
+        plus the time left the server reported, on the monotonic clock: never
+        later than the server's expiry.
+        """
+        left = self._state.time_left()
+        return None if left is None else timedelta(seconds=left)
+
+    def is_lost(self) -> bool:
+        """True once the lease is known lost or its local deadline has passed (no I/O).
+
+        A passed deadline is recorded as the loss right here (``lost`` set,
+        ``on_lost`` called), even when the heartbeat is stuck in a call.
+        """
+        return self._state.check_lost()
 
     def check(self, *, remote: bool = False) -> None:
-        """Raise LeaseLost when the lease is known lost; with ``remote``, ask the ledger too.
+        """Raise LeaseLost when the lease is known lost or its local deadline has passed.
 
-        The local check is free: call it between steps of a long body.
+        With ``remote``, ask the ledger too. The local check is free (no
+        I/O): call it between steps of a long body.
         """
         token = self._require_token()
         self._state.raise_if_lost()
@@ -220,9 +324,11 @@ class _Holding:
     def fence(self, conn: Connection, resource: str) -> int:
         """Move ``resource``'s fence to this token inside the caller's transaction on ``conn``.
 
-        One statement, ``ledger.fence(job, resource, token)``, which checks the
-        lease itself. LeaseLost (and the context marked lost) when the token is
-        no longer the job's current live token (LD001) or a takeover's newer
+        LeaseLost without a round trip when the lease is known lost or its
+        local deadline has passed. Otherwise one statement,
+        ``ledger.fence(job, resource, token)``, which checks the lease
+        itself: LeaseLost (and the context marked lost) when the token is no
+        longer the job's current live token (LD001) or a takeover's newer
         token wrote first (LD002); FenceOfAnotherJob when ``resource`` belongs
         to another job (raised as is: a programming error, not a lost lease).
         Call it in the transaction of the write it protects, so that both
@@ -255,16 +361,50 @@ class _Holding:
         return "not entered"
 
     def _start_heartbeat(self, interval: timedelta | None, ttl: timedelta | None,
-                         time_left: timedelta | None, beat: Callable[[], timedelta | None]) -> None:
-        assert time_left is not None
+                         time_left: timedelta | None, sent_at: float, beat: Callable[[], Renewal]) -> None:
+        assert time_left is not None and self._control is not None
+        control = self._control
+        deadline = self._state.deadline = Deadline(time_left, sent_at)
+        control.timeout = connecting.call_timeout(seconds(ttl if ttl is not None else time_left))
+
+        def renewed(at: float) -> None:  # lost at the deadline, on time, even if the heartbeat is stuck
+            control.alarm(at, alarm)
+
+        def alarm() -> None:
+            current = self._state.deadline
+            if not self._state.check_lost() and current is not None:  # woken a hair early, or renewed since
+                control.alarm(current.at, alarm)
+
+        renewed(deadline.at)
         self._heartbeat = Heartbeat(
-            beat=beat, interval=beat_interval(interval, ttl, time_left), time_left=time_left,
-            state=self._state, name=f"ledger-heartbeat:{self.job}:{self.token}")
+            beat=beat, interval=beat_interval(interval, ttl, time_left),
+            state=self._state, name=f"ledger-heartbeat:{self.job}:{self.token}", renewed=renewed)
         self._heartbeat.start()
 
-    def _stop_heartbeat(self) -> None:
+    def _renewal(self, query: str, params: Mapping[str, Any]) -> Renewal:
+        """A heartbeat's call on the own connection, given up at the local deadline at the latest."""
+        assert self._control is not None
+        deadline = self._state.deadline
+        bound = None if deadline is None else deadline.remaining()
+        rows, sent = self._control.call(query, params, dict_row, bound=bound)
+        row = rows[0]
+        return Renewal(None if row["expires_at"] is None else row["time_left"], sent)
+
+    def _stop_heartbeat(self) -> bool:
+        """Stop the heartbeat; True when the lease is lost (or its deadline passed), which ends the deadline.
+
+        A heartbeat stuck in a call past the deadline is not waited for: its
+        call is given up first.
+        """
         if self._heartbeat is not None:
+            if self._state.check_lost() and self._control is not None:
+                self._control.abort()
             self._heartbeat.stop()
+        lost = self._state.check_lost()
+        self._state.deadline = None  # from here the end's answer decides
+        if self._control is not None:
+            self._control.alarm(None)
+        return lost
 
     def _close_control(self) -> None:
         if self._control is not None:
@@ -352,17 +492,17 @@ class RunContext(_Holding):
 
     def _begin(self) -> None:
         self._begun = True
-        control = self._ledger._open_control()
+        control = self._ledger._open_control(self.job)
         self._control = control
         try:
             if self._due:
                 params: dict[str, Any] = {"job": self.job, "owner": self.owner, "ttl": self._ttl}
-                row = control.execute(queries.START_DUE_RUN, params, dict_row)[0]
+                rows, sent = control.call(queries.START_DUE_RUN, params, dict_row)
             else:
                 params = {"job": self.job, "owner": self.owner, "ttl": self._ttl, "slot": self._slot,
                           "idempotency_key": self._idempotency_key, "detail": jsonb(self._start_detail)}
-                row = control.execute(queries.START_RUN, params, dict_row)[0]
-            start, time_left = run_start(row)
+                rows, sent = control.call(queries.START_RUN, params, dict_row)
+            start, time_left = run_start(rows[0])
         except BaseException:
             control.close()
             raise
@@ -374,17 +514,14 @@ class RunContext(_Holding):
         self._state.run_id = start.run_id
         self._open = True
         try:
-            self._start_heartbeat(self._heartbeat_interval, self._ttl, time_left, self._beat)
+            self._start_heartbeat(self._heartbeat_interval, self._ttl, time_left, sent, self._beat)
         except BaseException as error:
             # Interrupted between start_run and the heartbeat: do not leave a running row behind.
             self._end(error)
             raise
 
-    def _beat(self) -> timedelta | None:
-        assert self._control is not None
-        row = self._control.execute(
-            queries.HEARTBEAT, {"run_id": self.run_id, "token": self.token, "ttl": self._ttl}, dict_row)[0]
-        return None if row["expires_at"] is None else row["time_left"]
+    def _beat(self) -> Renewal:
+        return self._renewal(queries.HEARTBEAT, {"run_id": self.run_id, "token": self.token, "ttl": self._ttl})
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -393,32 +530,24 @@ class RunContext(_Holding):
 
     def _end(self, exc: BaseException | None, error_text: str | None = None) -> None:
         self._open = False
-        self._stop_heartbeat()
+        lost = self._state.lost_error() if self._stop_heartbeat() else None
         assert self._control is not None
-        params: dict[str, Any] = {"run_id": self.run_id, "token": self.token}
+        query, params = end_call(self.run_id, self.token, exc, error_text, lost, self.detail)
         try:
-            if exc is None:
-                query = queries.COMPLETE_RUN
-                params["detail"] = jsonb(self.detail or None)
-            elif isinstance(exc, Exception):
-                query = queries.FAIL_RUN
-                params["error"] = error_text or describe(exc)
-                params["detail"] = jsonb(self.detail or None)
-            else:
-                query = queries.CANCEL_RUN
-                params["error"] = error_text or describe(exc)
             self.result = self._control.execute(query, params, class_row(Run))[0]
         except (LeaseSuperseded, RunNotRunning) as error:
-            lost = self._state.mark_lost("the ledger refused to end the run", error)
+            refused = self._state.mark_lost("the ledger refused to end the run", error)
             if exc is None:
-                raise lost from error
+                raise refused from error
             log.warning("run %s of job %s could not record its end: %s", self.run_id, self.job, error)
         except Exception as error:
-            if exc is None:
+            if exc is None and lost is None:
                 raise
             log.warning("run %s of job %s could not record its end: %s", self.run_id, self.job, error)
         finally:
             self._close_control()
+        if exc is None and lost is not None:
+            raise lost
 
 
 class LeaseContext(_Holding):
@@ -456,11 +585,11 @@ class LeaseContext(_Holding):
         if self._entered:
             raise RuntimeError("a lease context can be entered only once")
         self._entered = True
-        control = self._ledger._open_control()
+        control = self._ledger._open_control(self.job)
         self._control = control
         try:
-            rows = control.execute(queries.ACQUIRE, {"job": self.job, "owner": self.owner, "ttl": self._ttl},
-                                   dict_row)
+            rows, sent = control.call(queries.ACQUIRE, {"job": self.job, "owner": self.owner, "ttl": self._ttl},
+                                      dict_row)
         except BaseException:
             control.close()
             raise
@@ -472,18 +601,15 @@ class LeaseContext(_Holding):
         self._state.token = self.lease.token
         self._open = True
         try:
-            self._start_heartbeat(self._renew_interval, self._ttl, time_left, self._renew)
+            self._start_heartbeat(self._renew_interval, self._ttl, time_left, sent, self._renew)
         except BaseException:
             self._release(None)
             raise
         return self
 
-    def _renew(self) -> timedelta | None:
-        assert self._control is not None
-        row = self._control.execute(
-            queries.RENEW, {"job": self.job, "owner": self.owner, "token": self.token, "ttl": self._ttl},
-            dict_row)[0]
-        return None if row["expires_at"] is None else row["time_left"]
+    def _renew(self) -> Renewal:
+        return self._renewal(queries.RENEW, {"job": self.job, "owner": self.owner, "token": self.token,
+                                             "ttl": self._ttl})
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -492,21 +618,21 @@ class LeaseContext(_Holding):
 
     def _release(self, exc: BaseException | None) -> None:
         self._open = False
-        self._stop_heartbeat()
+        lost = self._state.lost_error() if self._stop_heartbeat() else None
         assert self._control is not None
         try:
             self.released = bool(self._control.execute(
                 queries.RELEASE, {"job": self.job, "owner": self.owner, "token": self.token}, scalar_row)[0])
         except Exception as error:
-            if exc is None:
+            if exc is None and lost is None:
                 raise
             log.warning("lease of job %s could not be released: %s", self.job, error)
         finally:
             self._close_control()
         if self.released is False:
             lost = self._state.mark_lost("the lease was no longer held at release")
-            if exc is None:
-                raise lost
+        if exc is None and lost is not None:
+            raise lost
 
 
 # -- the decorator ------------------------------------------------------------
@@ -564,8 +690,18 @@ class Ledger:
     ``owner`` defaults to :func:`ledger.identity.default_owner`
     (``hostname:pid:random``, new in a forked child). ``heartbeat_conninfo``
     (Connection only) is where contexts open their own connection, when the
-    connection's own conninfo will not do (e.g. a password from a callback).
-    ``pool_kwargs`` (conninfo only) go to the ConnectionPool the ledger opens.
+    connection's own conninfo will not do (e.g. a password from a callback);
+    that connection takes the caller's connection's ``prepare_threshold``.
+    ``pool_kwargs`` (conninfo only) go to the ConnectionPool the ledger opens;
+    its ``kwargs`` go over the ledger's connection settings (autocommit,
+    ``prepare_threshold=None``, TCP keepalives, a connect timeout: see
+    :mod:`ledger.connect`).
+
+    From a conninfo string the ledger checks one connection first and waits
+    for its pool: LedgerUnavailable (naming host and port) when the database
+    cannot be reached, at once rather than as a PoolTimeout on the first
+    call. A pool passed in is used as it is (behind a transaction pooler,
+    create it with ``kwargs={"prepare_threshold": None, ...}``).
     """
 
     def __init__(self, source: Connection | ConnectionPool[Any] | str, *, owner: str | None = None,
@@ -578,10 +714,7 @@ class Ledger:
         if heartbeat_conninfo is not None and not isinstance(source, psycopg.Connection):
             raise TypeError("heartbeat_conninfo applies to a Ledger over a Connection only")
         if isinstance(source, str):
-            options: dict[str, Any] = {"min_size": 1, "max_size": 10, "name": "ledger", "open": True}
-            options.update(pool_kwargs or {})
-            options.setdefault("kwargs", {"autocommit": True})
-            self._pool = ConnectionPool(source, **options)
+            self._pool = connecting.open_pool(source, pool_kwargs or {})
             self._owns_pool = True
         elif isinstance(source, psycopg.Connection):
             self._conn = source
@@ -618,16 +751,20 @@ class Ledger:
         with self._pool.connection() as conn:
             return execute_own(conn, query, params, row_factory)
 
-    def _open_control(self) -> _Control:
+    def _open_control(self, job: str) -> _Control:
+        name = f"ledger-watchdog:{job}"
         if self._pool is not None:
-            return _Control(self._pool.getconn, self._pool.putconn)
+            return _Control(self._pool.getconn, self._pool.putconn, name)  # getconn(timeout)
         conninfo = self._heartbeat_conninfo
-        assert conninfo is not None
+        assert conninfo is not None and self._conn is not None
+        # Derived from the caller's connection: its prepare_threshold (behind a
+        # transaction pooler it is None), always autocommit (one call, one transaction).
+        prepare_threshold = self._conn.prepare_threshold
 
-        def connect() -> Connection:
-            return psycopg.connect(conninfo, autocommit=True)
+        def connect(timeout: float) -> Connection:  # bounded by connect_timeout instead
+            return connecting.connect(conninfo, prepare_threshold=prepare_threshold)
 
-        return _Control(connect, lambda conn: conn.close())
+        return _Control(connect, lambda conn: conn.close(), name)
 
     # -- contexts ---------------------------------------------------------------
 

@@ -159,10 +159,12 @@ class Demo:
         self.ttl = TTL / speed
         self.work = WORK / speed
         self.problems: list[str] = []
-        self.conn = psycopg.connect(dsn, autocommit=True, application_name="jobledger-demo")
+        # ledger.connect: the ledger's connection settings (nothing prepared: works behind PgBouncer).
+        from ledger.connect import connect as open_connection
+
+        self.conn = open_connection(dsn, application_name="jobledger-demo")
         self.ledger = Ledger(self.conn, owner="demo")
-        self.workers = [Worker(f"worker-{n}", psycopg.connect(dsn, autocommit=True,
-                                                               application_name=f"jobledger-demo:worker-{n}"))
+        self.workers = [Worker(f"worker-{n}", open_connection(dsn, application_name=f"jobledger-demo:worker-{n}"))
                         for n in (1, 2, 3)]
 
     # -- helpers ----------------------------------------------------------------------

@@ -138,6 +138,23 @@ class LeaseLost(LedgerError):
         self.reason = reason
 
 
+class LedgerUnavailable(LedgerError, psycopg.OperationalError):
+    """Client side: the ledger's database could not be reached, or stopped answering.
+
+    Raised when a connection the ledger opens fails (``Ledger(dsn)`` and
+    ``AsyncLedger(dsn)`` check one connection first, so a wrong DSN fails at
+    once instead of in the pool 30 s later; a context's own connection; the
+    ``jobledger`` commands), and when a call on a context's own connection got
+    no answer within its bound and the connection was given up. The message
+    names host and port, never the password; ``facts`` hold ``host``,
+    ``port``, ``dbname``, ``user``. Also a ``psycopg.OperationalError``, so
+    code that caught that for a database that is down keeps working. A
+    heartbeat that meets it retries until the lease's local deadline.
+    """
+
+    sqlstate = ""
+
+
 @contextmanager
 def translated() -> Iterator[None]:
     """Run a ledger call; re-raise a ledger SQLSTATE as its exception class, ``from`` the psycopg error.

@@ -4,14 +4,25 @@
 the job, token and run id, and whether the lease is known lost. ``Heartbeat``
 (a daemon thread) and ``AsyncHeartbeat`` (a task) call a ``beat`` function
 every ``interval`` seconds on the context's own connection; the function
-returns the lease's time left as the server measured it, or None when the
-ledger says the lease is lost.
+returns a :class:`Renewal`: the lease's time left as the server measured it
+(None when the ledger says the lease is lost) and when the call was sent.
 
 A beat that raises a ledger error (LD001, LD003, ...) also means lost. A beat
-that fails otherwise (connection trouble) is retried, sooner than the interval,
-until the lease would have expired by the last time left the server reported,
-counted on the local monotonic clock (never the wall clock): then the lease is
-taken as lost, since nothing vouches for it any more.
+that fails otherwise (connection trouble, :class:`~ledger.errors.LedgerUnavailable`)
+is retried, sooner than the interval, until the local deadline.
+
+The local deadline (:class:`Deadline`, in ``LeaseState.deadline``) is when the
+lease expires by the last time left the server reported, counted on the local
+monotonic clock (never the wall clock) from the moment that call was *sent*:
+the server measured ``expires_at - clock_timestamp()`` after the call left,
+so send time + time left is never later than the server's expiry, however long
+the answer took to come back. Once the deadline has passed the lease is lost,
+whether or not a heartbeat is stuck in a call: ``check``/``fence``/the end of
+a context look at the deadline themselves (:meth:`LeaseState.check_lost`), the
+heartbeat wakes up at the deadline, and the context's alarm (a timer outside
+the heartbeat, re-armed on each renewal) marks the loss at the deadline even
+while the heartbeat is blocked. Lost is final: a renewal that arrives later
+does not bring the lease back.
 
 A lost lease cannot stop code that is already running: the heartbeat only
 records the loss (the ``lost`` event, the optional callback) so that the next
@@ -26,10 +37,11 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ledger.errors import LeaseLost, LedgerError
+from ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
 
 log = logging.getLogger("ledger")
 
@@ -64,14 +76,27 @@ def beat_interval(explicit: timedelta | None, ttl: timedelta | None, time_left: 
     return seconds(basis) / 3
 
 
+DEADLINE_PASSED = "the lease's local deadline passed before a heartbeat renewed it"
+NO_BEAT = "no heartbeat got through before the lease's local deadline"
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """What a beat learnt: the server's time left (None: the lease is lost), and when the call was sent."""
+
+    time_left: timedelta | None
+    sent_at: float
+    """``time.monotonic()`` just before the call was sent."""
+
+
 class Deadline:
-    """When the lease expires, on the local monotonic clock, from the server's time left."""
+    """When the lease expires, on the local monotonic clock: send time of the call + the server's time left."""
 
-    def __init__(self, time_left: timedelta) -> None:
-        self.renewed(time_left)
+    def __init__(self, time_left: timedelta, sent_at: float) -> None:
+        self.renewed(time_left, sent_at)
 
-    def renewed(self, time_left: timedelta) -> None:
-        self.at = time.monotonic() + seconds(time_left)
+    def renewed(self, time_left: timedelta, sent_at: float) -> None:
+        self.at = sent_at + seconds(time_left)
 
     def remaining(self) -> float:
         return self.at - time.monotonic()
@@ -99,10 +124,27 @@ class LeaseState:
         self._lock = threading.Lock()
         self._reason: str | None = None
         self._cause: BaseException | None = None
+        self.deadline: Deadline | None = None
+        """The local deadline while the lease is held (None before, and once the context ends)."""
 
     @property
     def is_lost(self) -> bool:
+        """Whether the loss was recorded (does not look at the deadline: see :meth:`check_lost`)."""
         return self._reason is not None
+
+    def check_lost(self) -> bool:
+        """True when the lease is lost; a passed local deadline is recorded as a loss first (signal, callback)."""
+        deadline = self.deadline
+        if self._reason is None and deadline is not None and deadline.remaining() <= 0:
+            self.mark_lost(DEADLINE_PASSED)
+        return self._reason is not None
+
+    def time_left(self) -> float | None:
+        """Seconds to the local deadline (None when there is none); 0 once lost."""
+        deadline = self.deadline
+        if deadline is None:
+            return None
+        return 0.0 if self.check_lost() else max(0.0, deadline.remaining())
 
     def facts(self) -> dict[str, Any]:
         facts: dict[str, Any] = {"job": self.job, "owner": self.owner, "token": self.token}
@@ -142,18 +184,27 @@ class LeaseState:
         return error
 
     def raise_if_lost(self) -> None:
-        if self._reason is not None:
+        """Raise LeaseLost when the lease is lost or its local deadline has passed."""
+        if self.check_lost():
             raise self.lost_error()
 
 
 class Heartbeat:
-    """A daemon thread that calls ``beat`` every ``interval`` seconds until stopped or lost."""
+    """A daemon thread that calls ``beat`` every ``interval`` seconds until stopped or lost.
 
-    def __init__(self, *, beat: Callable[[], timedelta | None], interval: float, time_left: timedelta,
-                 state: LeaseState, name: str) -> None:
+    ``beat`` returns a :class:`Renewal`; the thread keeps ``state.deadline``
+    and wakes up at it at the latest, so a lease that nothing renewed is
+    marked lost on time even when no call fails (a beat stuck in a call is
+    ended by its connection's own bound, at the deadline at the latest).
+    """
+
+    def __init__(self, *, beat: Callable[[], Renewal], interval: float, state: LeaseState, name: str,
+                 renewed: Callable[[float], object] | None = None) -> None:
+        assert state.deadline is not None
         self._beat = beat
+        self._renewed = renewed  # told the new deadline (the context's alarm)
         self._interval = interval
-        self._deadline = Deadline(time_left)
+        self._deadline = state.deadline
         self._state = state
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -169,37 +220,55 @@ class Heartbeat:
 
     def _run(self) -> None:
         wait = self._interval
-        while not self._stop.wait(wait):
-            if self._state.is_lost:  # a fence or check found it first: stop keeping others out
+        while not self._stop.wait(max(0.0, min(wait, self._deadline.remaining()))):
+            # A fence or check found it lost first (stop keeping others out), or the deadline passed.
+            if self._state.check_lost():
                 return
             try:
-                time_left = self._beat()
+                renewal = self._beat()
+            except LedgerUnavailable as error:  # no answer: connection trouble, not the ledger's verdict
+                retry = self._retry(error)
             except LedgerError as error:
                 self._state.mark_lost("the ledger refused the heartbeat", error)
                 return
             except Exception as error:
-                retry = self._deadline.retry_after(self._interval)
-                if retry is None:
-                    self._state.mark_lost("no heartbeat got through before the lease expired", error)
+                retry = self._retry(error)
+            else:
+                if renewal.time_left is None:
+                    self._state.mark_lost("the heartbeat found the lease taken or ended")
                     return
-                log.warning("heartbeat of job %s failed, retrying in %.2fs: %s", self._state.job, retry, error)
-                wait = retry
+                self._deadline.renewed(renewal.time_left, renewal.sent_at)
+                if self._renewed is not None:
+                    self._renewed(self._deadline.at)
+                wait = self._interval
                 continue
-            if time_left is None:
-                self._state.mark_lost("the heartbeat found the lease taken or ended")
+            if retry is None:
                 return
-            self._deadline.renewed(time_left)
-            wait = self._interval
+            wait = retry
+
+    def _retry(self, error: Exception) -> float | None:
+        return _retry(self._deadline, self._interval, self._state, error)
+
+
+def _retry(deadline: Deadline, interval: float, state: LeaseState, error: Exception) -> float | None:
+    retry = deadline.retry_after(interval)
+    if retry is None:
+        state.mark_lost(NO_BEAT, error)
+        return None
+    log.warning("heartbeat of job %s failed, retrying in %.2fs: %s", state.job, retry, error)
+    return retry
 
 
 class AsyncHeartbeat:
     """The task counterpart of :class:`Heartbeat`, for the asyncio client."""
 
-    def __init__(self, *, beat: Callable[[], Awaitable[timedelta | None]], interval: float,
-                 time_left: timedelta, state: LeaseState, name: str) -> None:
+    def __init__(self, *, beat: Callable[[], Awaitable[Renewal]], interval: float, state: LeaseState,
+                 name: str, renewed: Callable[[float], object] | None = None) -> None:
+        assert state.deadline is not None
         self._beat = beat
+        self._renewed = renewed
         self._interval = interval
-        self._deadline = Deadline(time_left)
+        self._deadline = state.deadline
         self._state = state
         self._name = name
         self._stop = asyncio.Event()
@@ -216,32 +285,34 @@ class AsyncHeartbeat:
 
     async def _stopped_within(self, wait: float) -> bool:
         try:
-            await asyncio.wait_for(self._stop.wait(), wait)
+            await asyncio.wait_for(self._stop.wait(), max(0.0, wait))
         except asyncio.TimeoutError:
             return False
         return True
 
     async def _run(self) -> None:
         wait = self._interval
-        while not await self._stopped_within(wait):
-            if self._state.is_lost:  # a fence or check found it first: stop keeping others out
+        while not await self._stopped_within(min(wait, self._deadline.remaining())):
+            if self._state.check_lost():
                 return
             try:
-                time_left = await self._beat()
+                renewal = await self._beat()
+            except LedgerUnavailable as error:
+                retry = _retry(self._deadline, self._interval, self._state, error)
             except LedgerError as error:
                 self._state.mark_lost("the ledger refused the heartbeat", error)
                 return
             except Exception as error:
-                retry = self._deadline.retry_after(self._interval)
-                if retry is None:
-                    self._state.mark_lost("no heartbeat got through before the lease expired", error)
+                retry = _retry(self._deadline, self._interval, self._state, error)
+            else:
+                if renewal.time_left is None:
+                    self._state.mark_lost("the heartbeat found the lease taken or ended")
                     return
-                log.warning("heartbeat of job %s failed, retrying in %.2fs: %s", self._state.job, retry, error)
-                wait = retry
+                self._deadline.renewed(renewal.time_left, renewal.sent_at)
+                if self._renewed is not None:
+                    self._renewed(self._deadline.at)
+                wait = self._interval
                 continue
-            if time_left is None:
-                self._state.mark_lost("the heartbeat found the lease taken or ended")
+            if retry is None:
                 return
-            self._deadline.renewed(time_left)
-            wait = self._interval
-
+            wait = retry

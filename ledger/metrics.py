@@ -110,13 +110,18 @@ class Snapshot:
 
 
 def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TIMEOUT) -> Snapshot:
-    """Read the views once, read-only, as ledger_reader, each statement under ``timeout``."""
+    """Read the views once, read-only, as ledger_reader, each statement under ``timeout``.
+
+    Nothing is prepared (``prepare=False``), whatever the connection's
+    ``prepare_threshold``: a scrape works behind a transaction pooler.
+    """
     with read_only_transaction(conn, timeout) as cur:
         jobs = [JobRow(str(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), int(r[6]),
                        bool(r[7]), bool(r[8]), int(r[9] or 0))
-                for r in cur.execute(JOBS).fetchall()]
-        stats = [StatsRow(str(r[0]), r[1], r[2], r[3], r[4]) for r in cur.execute(RUN_STATS).fetchall()]
-        alerts = {str(r[0]): int(r[1]) for r in cur.execute(ALERTS).fetchall()}
+                for r in cur.execute(JOBS, prepare=False).fetchall()]
+        stats = [StatsRow(str(r[0]), r[1], r[2], r[3], r[4])
+                 for r in cur.execute(RUN_STATS, prepare=False).fetchall()]
+        alerts = {str(r[0]): int(r[1]) for r in cur.execute(ALERTS, prepare=False).fetchall()}
     return Snapshot(jobs, stats, alerts)
 
 
@@ -170,7 +175,8 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
 class LedgerCollector:
     """Reads the ledger on every scrape (``registry.register(LedgerCollector(...))``).
 
-    ``connect`` opens a connection (closed after the scrape). When the read
+    ``connect`` opens a connection (closed after the scrape; ``ledger.connect.connect``
+    gives one with the ledger's settings, e.g. ``lambda: connect(dsn)``). When the read
     fails, the scrape still answers, with ``jobledger_up 0``, and ``on_error``
     hears why; with ``raise_errors`` the error propagates instead (one-shot use).
     """

@@ -14,8 +14,10 @@ ttl/3), and ends the run with CMD's verdict.
 - CMD runs in its own process group, so a signal reaches the whole tree it
   starts (a shell script and its children), and a terminal's Ctrl-C reaches
   it once, through the wrapper.
-- Lease lost (the heartbeat found the job taken over, or the run closed):
-  SIGTERM to CMD's group, SIGKILL after the grace. Its late writes are the
+- Lease lost (the heartbeat found the job taken over, or the run closed), or
+  its local deadline passed (no heartbeat renewed it in time, even one stuck
+  in a call of a silent partition; see ``ledger.heartbeat``): SIGTERM to
+  CMD's group, SIGKILL after the grace, exit 124. Its late writes are the
   fence's business; stopping it early is ours.
 - SIGTERM/SIGINT/SIGHUP to the wrapper: forwarded to CMD (SIGKILL after the
   grace), the run is recorded ``cancelled``, the wrapper exits with CMD's code.
@@ -331,7 +333,7 @@ class Wrapper:
                 self._signal(process, self._signals.received[forwarded])
                 forwarded += 1
                 kill_at = kill_at if kill_at is not None else now + grace
-            if run.lost.is_set() and lost_at is None:
+            if lost_at is None and run.is_lost():  # marked lost, or past the local deadline
                 lost_at = now
                 self._say(f"lease lost: stopping the command (SIGTERM, SIGKILL in {format_duration(self._options.grace)})")
                 self._signal(process, signal.SIGTERM)

@@ -54,6 +54,13 @@ CREATE FUNCTION ledger._max_schedule_length() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 200 $$;
 
+-- The number of bits set in a non-negative bigint (the schedule masks).
+-- Not bit_count(): PostgreSQL 13 has none, and one source serves every
+-- version.
+CREATE FUNCTION ledger._popcount(value bigint) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT length(replace(value::bit(64)::text, '0', '')) $$;
+
 -- True when the text has no character that is invisible or changes how the
 -- text around it reads: control (Cc), format (Cf: bidirectional overrides,
 -- zero-width characters, the BOM) and separators (Zl, Zp, and Zs but the

@@ -78,7 +78,10 @@ SELECT k.job,
        (SELECT count(*) FROM ledger.job_execution_log f
          WHERE f.job = k.job AND f.status = 'failure'
            AND f.started_at > coalesce(last_success.started_at, '-infinity')) AS consecutive_failures,
-       c.runs_started, c.successes, c.failures, c.skipped_overlap, c.skipped_backfill, c.leases_lost
+       -- A job known only by its lease has no counters row: zeros, not NULLs.
+       coalesce(c.runs_started, 0) AS runs_started, coalesce(c.successes, 0) AS successes,
+       coalesce(c.failures, 0) AS failures, coalesce(c.skipped_overlap, 0) AS skipped_overlap,
+       coalesce(c.skipped_backfill, 0) AS skipped_backfill, coalesce(c.leases_lost, 0) AS leases_lost
   FROM known k
   LEFT JOIN ledger.jobs j ON j.job = k.job
   LEFT JOIN ledger.leases l ON l.job = k.job

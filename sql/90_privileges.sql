@@ -4,7 +4,7 @@
 REVOKE ALL ON SCHEMA ledger FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA ledger FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA ledger FROM PUBLIC;
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger FROM PUBLIC;
+REVOKE ALL ON ALL ROUTINES IN SCHEMA ledger FROM PUBLIC;  -- functions and procedures
 
 GRANT USAGE ON SCHEMA ledger TO ledger_client, ledger_reader;
 GRANT SELECT ON ALL TABLES IN SCHEMA ledger TO ledger_client, ledger_reader;
@@ -21,7 +21,7 @@ BEGIN
            AND p.proname NOT LIKE E'\\_%'
          ORDER BY p.oid::regprocedure::text
     LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO ledger_client', f);
+        EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO ledger_client', f);  -- ROUTINE: procedures too
     END LOOP;
 END
 $grants$;
@@ -42,7 +42,7 @@ BEGIN
            AND p.provolatile = 'i'
          ORDER BY p.oid::regprocedure::text
     LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO ledger_client, ledger_reader', f);
+        EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO ledger_client, ledger_reader', f);
     END LOOP;
 END
 $pure$;

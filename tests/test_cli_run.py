@@ -275,15 +275,19 @@ def test_the_readme_crontab_line_runs_once_and_skips_the_concurrent_copy(dsn, db
     assert len(fields) == 6 and fields[5].startswith("jobledger run ")
     command = fields[5].replace("jobledger", shlex.join(JOBLEDGER), 1)
     script = tmp_path / "publish.sh"
-    script.write_text("#!/bin/sh\necho published >> ran\nsleep 1.5\n")
+    # The first copy holds the lease until the test has seen the second one skip
+    # (a file, not a fixed sleep: a busy machine starts the second copy late).
+    script.write_text("#!/bin/sh\necho published >> ran\n"
+                      "i=0; while [ ! -f done ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n")
     script.chmod(0o755)
     env = environment(dsn)
     # cron runs the line with sh, from the crontab owner's home: here tmp_path.
     first = subprocess.Popen(["sh", "-c", command], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     wait_for(lambda: (tmp_path / "ran").exists(), what="the first copy to start")
-    second = subprocess.run(["sh", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
-    _, first_err = first.communicate(timeout=30)
+    second = subprocess.run(["sh", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    (tmp_path / "done").touch()
+    _, first_err = first.communicate(timeout=60)
     assert first.returncode == 0, first_err
     assert second.returncode == 0, second.stderr
     assert "skipped: held by " in second.stderr

