@@ -411,8 +411,10 @@ def _pg_cron_missing(bindir: Path) -> str | None:
         libdirs.insert(0, Path(found.stdout.strip()))
     if any((libdir / "pg_cron.so").exists() for libdir in libdirs):
         return None
+    version = subprocess.run([str(bindir / "postgres"), "--version"], capture_output=True, text=True).stdout
+    major = m.group(1) if (m := re.search(r"(\d+)(?:\.\d+)+", version)) else "NN"
     return (f"pg_cron is not installed for the PostgreSQL server in {bindir} "
-            "(Debian/Ubuntu: apt-get install postgresql-15-cron)")
+            f"(Debian/Ubuntu: apt-get install postgresql-{major}-cron)")
 
 
 class CronRun:
