@@ -4,15 +4,19 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv test test-fast typecheck demo bench sql clean
+.PHONY: help venv test test-fast typecheck demo bench bench-smoke sql docs sync sync-check clean
 .PHONY: test-matrix test-matrix-ci pg-binaries
 
 help:
 	@echo "make demo       run the narrated demo on an embedded PostgreSQL"
 	@echo "make test       run the whole test suite (creates $(VENV) first)"
 	@echo "make typecheck  mypy --strict over ledger/"
-	@echo "make bench      run the benchmarks, numbers for BENCHMARKS.md"
+	@echo "make bench      benchmarks side by side with the raw SQL floor, into BENCHMARKS.md (minutes;"
+	@echo "                BENCH_DURATION=10 s per pgbench side, BENCH_ROUNDS=2, BENCH_JOBS=10000)"
+	@echo "make bench-smoke  the benchmark harness in seconds: every script runs; no timing, writes nothing"
 	@echo "make sql        print the full install script for psql"
+	@echo "make sync       write the sync client and its tests from their async sources (tools/async_to_sync.py)"
+	@echo "make docs       build the documentation site into site/ (mkdocs build --strict)"
 	@echo "make test-matrix     the SQL tests on PostgreSQL 13 to 18; writes docs/support.md"
 	@echo "make test-matrix-ci  the same on the oldest and the newest (13, 18), as CI runs it"
 
@@ -41,11 +45,37 @@ typecheck: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/jobledger demo
 
+# The benchmarks (benchmarks/run.py): pgbench side by side with the raw SQL
+# floor, the Python client, references; the `bench` extra (redis, matplotlib)
+# into $(VENV) when it is missing. bench-smoke checks the harness only.
+BENCH_DURATION ?= 10
+BENCH_ROUNDS   ?= 2
+BENCH_JOBS     ?= 10000
+
 bench: $(STAMP)
-	$(PY) benchmarks/run.py
+	@$(PY) -c "import redis, matplotlib" 2>/dev/null || $(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) benchmarks/run.py --duration $(BENCH_DURATION) --rounds $(BENCH_ROUNDS) --jobs $(BENCH_JOBS)
+
+bench-smoke: $(STAMP)
+	$(PY) benchmarks/run.py --smoke
 
 sql: $(STAMP)
 	@$(PY) -m ledger sql
+
+# The sync client is generated from the async one (tools/async_to_sync.py);
+# tests/test_generated.py, and so `make test`, fails when it is stale.
+sync:
+	$(PYTHON) tools/async_to_sync.py
+
+sync-check:
+	$(PYTHON) tools/async_to_sync.py --check
+
+# The documentation site (mkdocs.yml, docs/): the `docs` extra into $(VENV) when
+# it is missing, then a strict build (a broken link or anchor fails it).
+docs: $(STAMP)
+	@$(PY) -c "import mkdocs, material, mkdocs_include_markdown_plugin" 2>/dev/null \
+		|| $(PY) -m pip install --quiet -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
 
 # PostgreSQL 13 to 18 (docs/support.md). Server binaries: tools/pg_binaries.py,
 # cached in .pg/<major>/; one version after another. PG_VERSIONS to choose.

@@ -1,149 +1,120 @@
-"""The ledger's benchmarks, in one run, reported as ratios and per-call costs.
+"""The ledger's benchmarks in one run: `make bench` (full) and `make bench-smoke`.
 
-    .venv/bin/python benchmarks/run.py [--calls N]
+    .venv/bin/python benchmarks/run.py [--duration S] [--rounds R] [--jobs N] [--no-write]
+    .venv/bin/python benchmarks/run.py --smoke [--json PATH]
+    .venv/bin/python benchmarks/run.py --only acquire-1,hot-8 [--duration S]   # a few rows, written nowhere
+    .venv/bin/python benchmarks/run.py --render benchmarks/results/latest.json   # re-render only
 
-1. Catch-up cost does not grow with the downtime: `due_slots` and
-   `start_due_run` for a one-minute schedule that missed 2 slots vs one that
-   missed a year (525,600 slots), cron and interval, UTC and Europe/Berlin.
-2. The hot path: acquire, start_run + complete_run, heartbeat, fence, per
-   call over one connection (round trips included).
-3. What the durable-token trigger costs: acquire and a run cycle with the
-   deferred trigger enabled and disabled, alternated in one run.
+1. Side by side (issue 14; benchmarks/harness.py): every row of the issue's
+   table, the ledger against the raw SQL floor, pgbench ``-M prepared`` scripts
+   (benchmarks/pgbench/) at 1 and 8 clients on 10,000 jobs and on one hot job,
+   alternated raw, ledger, raw, ledger; the Python client against raw psycopg;
+   reference rows for ShedLock's upsert, ``pg_try_advisory_lock`` and Redis
+   ``SET NX EX`` (non-durable). Prints the machine, versions and settings.
+   Writes benchmarks/results/latest.json, the tables between the markers
+   ``<!-- bench:start -->`` / ``<!-- bench:end -->`` of BENCHMARKS.md, and
+   docs/images/bench-ratios.png.
+2. Per call over one connection (benchmarks/bench_calls.py): catch-up cost
+   against downtime, the hot path's calls, the durable-token trigger; printed.
 
-Uses a scratch database on the server named by LEDGER_BENCH_DSN (default
-the local postgres), dropped at the end. Machines are noisy: compare the
-ratios within one run, not absolute numbers across machines.
+``--smoke`` checks the harness, not the speed: pgbench ``-t 20`` per client,
+200 jobs, one round, a few Python runs; every script must run and give a
+number. It writes its JSON (and chart) under a temporary directory, or
+``--json PATH``, and never BENCHMARKS.md.
+
+The server is the one LEDGER_BENCH_DSN names (default the local postgres);
+Redis the one LEDGER_BENCH_REDIS names (default redis://127.0.0.1:6379/0).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import time
-from collections.abc import Callable
+import sys
+import tempfile
+from pathlib import Path
 
-import psycopg
-from psycopg.conninfo import make_conninfo
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ledger.resources import install_sql
+import bench_calls  # noqa: E402  (benchmarks/, not a package)
+import harness  # noqa: E402
 
 ADMIN_DSN = os.environ.get("LEDGER_BENCH_DSN", "host=127.0.0.1 user=postgres dbname=postgres")
+REDIS_URL = os.environ.get("LEDGER_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 
 
-def timed(fn: Callable[[int], None], calls: int, repeats: int = 5) -> float:
-    """Best-of-`repeats` microseconds per call."""
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for i in range(calls):
-            fn(i)
-        best = min(best, time.perf_counter() - started)
-    return best / calls * 1e6
-
-
-def catch_up(conn: psycopg.Connection, calls: int) -> None:
-    print("## Catch-up cost against downtime (us per call, best of 5)\n")
-    print("| schedule | zone | call | 2 missed slots | 1 year missed | ratio |")
-    print("|---|---|---|---:|---:|---:|")
-    for schedule, zone in (("* * * * *", "UTC"), ("* * * * *", "Europe/Berlin"), ("1 minute", "UTC")):
-        results = {}
-        for label, downtime in (("short", "2 minutes"), ("year", "365 days")):
-            job = f"bench-{label}-{zone}-{schedule}".replace(" ", "_").replace("*", "x")
-            conn.execute("SELECT ledger.register_job(%s, %s, ttl => '1 hour', time_zone => %s)", (job, schedule, zone))
-            # The last success lies `downtime` before now.
-            slot = conn.execute("SELECT ledger._slot_at_or_before(schedule_spec, time_zone, now() - %s::interval) "
-                                "FROM ledger.jobs WHERE job = %s", (downtime, job)).fetchone()[0]
-            run = conn.execute("SELECT run_id, token FROM ledger.start_run(%s, 'setup', slot => %s)", (job, slot)).fetchone()
-            conn.execute("SELECT ledger.complete_run(%s, %s)", run)
-            due = timed(lambda _: conn.execute("SELECT count(*) FROM ledger.due_slots(%s)", (job,)).fetchone(), calls)
-
-            def start_and_roll_back(_: int) -> None:
-                with conn.transaction(force_rollback=True):
-                    conn.execute("SELECT outcome FROM ledger.start_due_run(%s, 'bench')", (job,)).fetchone()
-
-            start = timed(start_and_roll_back, calls)
-            results[label] = (due, start)
-        for i, call in enumerate(("due_slots", "start_due_run")):
-            short, year = results["short"][i], results["year"][i]
-            print(f"| `{schedule}` | {zone} | {call} | {short:.0f} | {year:.0f} | {year / short:.2f} |")
-    print()
-
-
-def hot_path(conn: psycopg.Connection, calls: int) -> None:
-    print("## Hot path over one connection (us per call incl. round trip, best of 5)\n")
-    conn.execute("SELECT ledger.acquire('hot', 'a', '1 hour')")
-    token = [conn.execute("SELECT token FROM ledger.leases WHERE job = 'hot'").fetchone()[0]]
-
-    def acquire(_: int) -> None:
-        token[0] = conn.execute("SELECT token FROM ledger.acquire('hot', 'a', '1 hour')").fetchone()[0]
-
-    def run_cycle(_: int) -> None:
-        run = conn.execute("SELECT run_id, token FROM ledger.start_run('cycle', 'a', '1 hour')").fetchone()
-        conn.execute("SELECT ledger.complete_run(%s, %s)", run).fetchone()
-
-    started = conn.execute("SELECT run_id, token FROM ledger.start_run('beat', 'a', '1 hour')").fetchone()
-    # The fence checks the job's live lease too: a holder fencing with its current token.
-    fencing = conn.execute("SELECT token FROM ledger.acquire('fenced', 'a', '1 hour')").fetchone()
-    rows = [
-        ("SELECT 1 (round-trip floor)", lambda _: conn.execute("SELECT 1").fetchone()),
-        ("acquire (same owner, new token)", acquire),
-        ("is_current", lambda _: conn.execute("SELECT ledger.is_current('hot', %s)", token).fetchone()),
-        ("heartbeat", lambda _: conn.execute("SELECT ledger.heartbeat(%s, %s)", started).fetchone()),
-        ("fence (lenient, current token)",
-         lambda _: conn.execute("SELECT ledger.fence('fenced', 'r', %s)", fencing).fetchone()),
-        ("start_run + complete_run", run_cycle),
-    ]
-    print("| call | us per call |")
-    print("|---|---:|")
-    for label, fn in rows:
-        print(f"| {label} | {timed(fn, calls):.0f} |")
-    print()
-
-
-def durable_trigger_cost(conn: psycopg.Connection, calls: int) -> None:
-    print("## The durable-token trigger (us per call incl. round trip, best of 5, alternated twice)\n")
-
-    def acquire(_: int) -> None:
-        conn.execute("SELECT token FROM ledger.acquire('trig', 'a', '1 hour')").fetchone()
-
-    def run_cycle(_: int) -> None:
-        run = conn.execute("SELECT run_id, token FROM ledger.start_run('trig-cycle', 'a', '1 hour')").fetchone()
-        conn.execute("SELECT ledger.complete_run(%s, %s)", run).fetchone()
-
-    results: dict[tuple[str, bool], list[float]] = {}
-    for _ in range(2):
-        for enabled in (True, False):
-            conn.execute(f"ALTER TABLE ledger.leases {'ENABLE' if enabled else 'DISABLE'} TRIGGER leases_durable_token")
-            for label, fn in (("acquire", acquire), ("start_run + complete_run", run_cycle)):
-                results.setdefault((label, enabled), []).append(timed(fn, calls))
-    conn.execute("ALTER TABLE ledger.leases ENABLE TRIGGER leases_durable_token")
-    print("| call | with trigger | without | ratio |")
-    print("|---|---:|---:|---:|")
-    for label in ("acquire", "start_run + complete_run"):
-        on, off = min(results[(label, True)]), min(results[(label, False)])
-        print(f"| {label} | {on:.0f} | {off:.0f} | {on / off:.2f} |")
-    print()
-
-
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--calls", type=int, default=300, help="calls per timing")
+    parser.add_argument("--smoke", action="store_true", help="check the harness in seconds; write no BENCHMARKS.md")
+    parser.add_argument("--duration", type=int, default=10, help="pgbench -T seconds per side and round (full)")
+    parser.add_argument("--rounds", type=int, help="alternations of each pair (default 2; smoke 1)")
+    parser.add_argument("--jobs", type=int, help="jobs for the 10,000-job rows (default 10000; smoke 200)")
+    parser.add_argument("--python-runs", type=int, help="runs per side and round of the Python rows (default 200)")
+    parser.add_argument("--calls", type=int, help="calls per timing of the per-call sections (default 300; smoke 3)")
+    parser.add_argument("--no-calls", action="store_true", help="skip the per-call sections (bench_calls.py)")
+    parser.add_argument("--only", default="", help="comma-separated row ids (implies --no-calls): "
+                                                   + ",".join(harness.ROW_IDS))
+    parser.add_argument("--dsn", default=ADMIN_DSN, help="an admin conninfo on the server (LEDGER_BENCH_DSN)")
+    parser.add_argument("--redis", default=REDIS_URL, help="the Redis of the reference rows (LEDGER_BENCH_REDIS)")
+    parser.add_argument("--json", type=Path, help="where the results go (default benchmarks/results/latest.json; "
+                                                  "smoke: a temporary directory)")
+    parser.add_argument("--no-write", action="store_true", help="write no BENCHMARKS.md section and no chart")
+    parser.add_argument("--keep-db", action="store_true", help="keep the scratch database ledger_bench")
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="measure nothing: rewrite BENCHMARKS.md's section and the chart from a results file")
     args = parser.parse_args()
-    name = f"ledger_bench_{os.getpid()}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
+
+    if args.render:
+        results = json.loads(args.render.read_text())
+        harness.write_markdown(harness.ROOT / "BENCHMARKS.md", harness.markdown(results))
+        harness.chart(results, harness.ROOT / "docs" / "images" / "bench-ratios.png")
+        print(f"BENCHMARKS.md and docs/images/bench-ratios.png rewritten from {args.render}")
+        return 0
+    only = tuple(x.strip() for x in args.only.split(",") if x.strip())
+    unknown = set(only) - set(harness.ROW_IDS)
+    if unknown:
+        parser.error(f"unknown row ids: {', '.join(sorted(unknown))}")
+    common = {"redis_url": args.redis, "keep_db": args.keep_db, "only": only}
+    for key in ("rounds", "jobs", "python_runs"):
+        if getattr(args, key) is not None:
+            common[key] = getattr(args, key)
+    if args.smoke:
+        config = harness.Config.smoke_mode(args.dsn, **common)
+        out_dir = args.json.parent if args.json else Path(tempfile.mkdtemp(prefix="ledger-bench-smoke-"))
+        json_path = args.json or out_dir / "smoke.json"
+        chart_path = out_dir / "bench-ratios.png"
+    else:
+        config = harness.Config(args.dsn, duration=args.duration, **common)
+        # A run of a few rows (--only) leaves the full run's results alone.
+        json_path = args.json or harness.HERE / "results" / ("partial.json" if only else "latest.json")
+        chart_path = harness.ROOT / "docs" / "images" / "bench-ratios.png"
+
     try:
-        with psycopg.connect(make_conninfo(ADMIN_DSN, dbname=name), autocommit=True) as conn:
-            conn.execute(install_sql())  # type: ignore[arg-type]
-            version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-            print(f"PostgreSQL {version}, {os.cpu_count()} cores, {args.calls} calls per timing\n")
-            catch_up(conn, args.calls)
-            hot_path(conn, args.calls)
-            durable_trigger_cost(conn, args.calls)
-    finally:
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        results = harness.run(config)
+    except harness.HarnessError as error:
+        print(f"make bench: {error}", file=sys.stderr)
+        return 1
+    section = harness.markdown(results)
+    print()
+    print(section)
+    harness.write_json(results, json_path)
+    print(f"results: {json_path}")
+    if args.smoke or not (args.no_write or only):
+        if harness.chart(results, chart_path):
+            print(f"chart: {chart_path}")
+        else:
+            print("chart: skipped (matplotlib not installed: pip install -e '.[bench]')")
+    if not args.smoke and not args.no_write and not only:
+        harness.write_markdown(harness.ROOT / "BENCHMARKS.md", section)
+        print("BENCHMARKS.md: the section between the bench markers rewritten")
+    print(f"side by side: {results['meta']['seconds']:.0f} s")
+
+    if not (args.no_calls or only):
+        print("\n# Per call over one connection (benchmarks/bench_calls.py)\n", flush=True)
+        bench_calls.sections(args.dsn, args.calls or (3 if args.smoke else 300))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,4 +2,5 @@
 
 from ledger.cli import main
 
-main(prog_name="jobledger")
+if __name__ == "__main__":  # importing the module (tests/test_imports.py) runs nothing
+    main(prog_name="jobledger")

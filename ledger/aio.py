@@ -1,47 +1,86 @@
-"""The asyncio Python client: ``AsyncLedger``, the same surface as :class:`ledger.client.Ledger`.
+"""The asyncio Python client: ``AsyncLedger`` and its run and lease contexts.
 
-Over an ``AsyncConnection``, an ``AsyncConnectionPool`` or a conninfo string
-(then the ledger opens and owns an ``AsyncConnectionPool``: use
-``async with AsyncLedger(dsn) as ledger:`` or ``await ledger.close()``).
-Contexts are ``async with``; the heartbeat is a task on the context's own
-connection; cancelling the task running the body records the run as
-``cancelled`` and lets the cancellation propagate.
+``ledger/aio.py`` is the one source of the Python client: ``ledger/client.py``
+(the sync ``Ledger``, with threads where the async client has tasks) is
+generated from it by ``tools/async_to_sync.py`` (``make sync``). Where the two
+differ, the primitive is in :mod:`ledger._acompat`, or the code is in an
+``if ASYNC:`` block of the source.
 
-Connections, poolers, bounds and the local deadline as in
-:mod:`ledger.client`: the pool opened from a DSN (on first use or
-``async with``) checks one connection first (LedgerUnavailable at once for a
-wrong DSN) and never prepares statements; a context's own connection opened
-from a caller's ``AsyncConnection`` takes its ``prepare_threshold``; each
-call of a context is bounded (``statement_timeout`` sent with the call, and
-an event-loop timer that shuts the socket down when no answer came), and
-``check``/``fence``/``advance_fence``/the end treat a passed local deadline
-as a lost lease, even while the heartbeat task is stuck in a call.
+A thin layer over the SQL functions of schema ``ledger``: every decision
+(who holds a lease, whether a run starts, which slot is due, whether a token
+is stale) is made by those functions. The client adds the context managers,
+the heartbeat and typed results.
+
+Connections:
+
+- ``AsyncLedger(conn)``: plain calls (``acquire``, ``register_job``, ...) run
+  on ``conn``; on a connection outside a transaction they commit at once,
+  inside one they join it (as a savepoint). A run or lease context takes one
+  connection of its own, opened from the same conninfo (or
+  ``heartbeat_conninfo``), for its start, heartbeats and end: the heartbeat
+  never shares a connection with a transaction of the caller. The ledger
+  keeps up to four such connections open for the next contexts (a run costs
+  no new connection); ``close()`` closes them. A connection
+  made from a multi-host conninfo knows only the host it reached: pass that
+  conninfo as ``heartbeat_conninfo`` so that a context follows a failover.
+- ``AsyncLedger(pool)``: each plain call borrows a pool connection; a context
+  holds one pool connection for its whole life (so the heartbeat never waits
+  for a busy pool).
+- ``AsyncLedger("dsn")``: as with a pool, one that the ledger opens and owns;
+  close it with ``await ledger.close()`` or ``async with AsyncLedger(dsn) as ledger:``.
+  One connection is checked first: a wrong DSN raises
+  :class:`~ledger.errors.LedgerUnavailable` (naming host and port) when the
+  pool opens.
+
+Behind a transaction pooler (PgBouncer ``pool_mode = transaction``): the
+connections the ledger opens (its pool, a context's own connection) never
+prepare statements (``prepare_threshold=None``, see :mod:`ledger.connect`);
+a context's own connection opened from a caller's connection takes that
+connection's ``prepare_threshold``. A caller's pool or connection is used
+as it is: give it ``prepare_threshold=None`` behind such a pooler
+(docs/poolers.md).
+
+A context's calls (start, heartbeats, end, ``check(remote=True)``) are
+bounded: a ``statement_timeout`` of a third of the ttl (1 s to 30 s) sent
+with each call, and a client-side bound a second later after which the
+connection is given up (its socket shut down) and the call raises
+LedgerUnavailable; a heartbeat's call is given up at the lease's local
+deadline at the latest. The local deadline counts from the moment the call
+that renewed the lease was sent; once it passes the lease is lost
+(``check``, ``fence``, ``advance_fence`` and the context's end raise
+LeaseLost), even when the heartbeat is stuck in a call. The end of a run is
+sent once more on a new connection when its connection turns out broken
+(the server went away since its last call: a restart, a failover); the
+run's row then tells whether the first attempt had ended it already.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import inspect
 import logging
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import psycopg
-from psycopg.conninfo import make_conninfo
 from psycopg.rows import BaseRowFactory, class_row, dict_row, scalar_row
 from psycopg_pool import AsyncConnectionPool
 
 from ledger import connect as connecting
 from ledger import queries
-from ledger.client import end_call, jsonb, run_start, split_time_left
-from ledger.errors import LeaseLost, LeaseSuperseded, LedgerUnavailable, RunNotRunning, StaleToken, translated
-from ledger.heartbeat import AsyncHeartbeat, Deadline, LeaseState, OnLost, Renewal, beat_interval, seconds
+from ledger._acompat import (ASYNC, AEvent, ALock, ajoin, ashield, aspawn, await_event, in_task,
+                             keep_result_async)
+from ledger.calls import conninfo_of, end_call, ended_by_us, jsonb, run_start, split_time_left
+from ledger.errors import (LeaseLost, LeaseSuperseded, LedgerError, LedgerUnavailable, RunNotRunning,
+                           StaleToken, translated)
+from ledger.heartbeat import Deadline, LeaseState, OnLost, Renewal, beat_interval, retry_or_lose, seconds
 from ledger.identity import default_owner
 from ledger.models import Job, JobStatus, Lease, Run, RunStart
+from ledger.text import first_line
+from ledger.watchdog import AsyncWatchdog
 
 __all__ = [
     "AsyncLeaseContext",
@@ -49,6 +88,7 @@ __all__ = [
     "AsyncRunContext",
     "AsyncScheduledJob",
     "advance_fence",
+    "conninfo_of",
     "fence",
 ]
 
@@ -60,10 +100,22 @@ P = ParamSpec("P")
 
 AsyncConnection = psycopg.AsyncConnection[Any]
 
+END_ATTEMPTS = 4
+"""How many connections the end of a run is sent on, at most, while each one turns out broken.
+
+More than one: a pool may hand out several connections that a restart or a
+failover broke before it notices."""
+
+
+# -- executing one call -----------------------------------------------------
 
 async def execute_own(conn: AsyncConnection, query: str, params: Mapping[str, Any],
                       row_factory: BaseRowFactory[R]) -> list[R]:
-    """A ledger call that commits by itself outside a transaction, and joins one inside (savepoint)."""
+    """A ledger call that commits by itself when ``conn`` is outside a transaction.
+
+    Inside a transaction of the caller it becomes a savepoint of it (psycopg's
+    ``transaction()`` nesting): the caller's transaction decides.
+    """
     with translated():
         if conn.autocommit:
             async with conn.cursor(row_factory=row_factory) as cur:
@@ -83,124 +135,264 @@ async def execute_in(conn: AsyncConnection, query: str, params: Mapping[str, Any
             return await cur.fetchall()
 
 
+# -- fences in the caller's transaction -------------------------------------
+
 async def fence(conn: AsyncConnection, job: str, resource: str, token: int) -> int:
-    """``ledger.fence`` (lenient) in the caller's transaction on ``conn`` (see ``ledger.client.fence``)."""
+    """``ledger.fence`` (lenient) in the caller's transaction on ``conn``; returns ``token``.
+
+    The fence checks the lease itself: LeaseSuperseded (LD001) unless ``token``
+    is ``job``'s current live token, StaleToken (LD002) when a higher token of
+    the job already wrote, FenceOfAnotherJob (LD006) when ``resource`` belongs
+    to another job. Call it in the transaction of the write it guards.
+    """
     params = {"job": job, "resource": resource, "token": token}
     rows = await execute_in(conn, queries.FENCE, params, scalar_row)
     return int(rows[0])
 
 
 async def advance_fence(conn: AsyncConnection, job: str, resource: str, token: int) -> bool:
-    """``ledger.advance_fence`` (strict) in the caller's transaction on ``conn`` (see ``ledger.client``)."""
+    """``ledger.advance_fence`` (strict, one write per token) in the caller's transaction on ``conn``.
+
+    False when this token (or a higher one) already wrote; the errors of :func:`fence` otherwise.
+    """
     params = {"job": job, "resource": resource, "token": token}
     rows = await execute_in(conn, queries.ADVANCE_FENCE, params, scalar_row)
     return bool(rows[0])
 
 
-def conninfo_of(conn: AsyncConnection) -> str:
-    """The conninfo of ``conn`` for a second connection; ``info.dsn`` omits the password."""
-    password = conn.info.password
-    return make_conninfo(conn.info.dsn, password=password) if password else conn.info.dsn
-
+# -- a context's own connection ---------------------------------------------
 
 class _AsyncControl:
-    """A context's own connection (see ``ledger.client._Control``); the client-side bound is a loop timer."""
+    """A context's own connection: its start, heartbeats and end, never the caller's transactions.
+
+    Opened on first use; a broken connection is given back and replaced on the
+    next call, so a heartbeat survives a dropped connection. Every call is
+    bounded (:func:`ledger.connect.execute_bounded`): ``statement_timeout``
+    = ``timeout`` on the server, and a watchdog that shuts the connection's
+    socket down when no answer came ``CALL_GRACE`` later (or at ``bound``),
+    so a call stuck in a silent partition ends with LedgerUnavailable.
+    """
 
     def __init__(self, connect: Callable[[float], Awaitable[AsyncConnection]],
-                 give_back: Callable[[AsyncConnection], Awaitable[None]]) -> None:
+                 give_back: Callable[[AsyncConnection], Awaitable[None]], name: str) -> None:
         self._connect = connect
         self._give_back = give_back
         self._conn: AsyncConnection | None = None
         self._where = "?"
-        self._lock = asyncio.Lock()
-        self._give_up: Callable[[], None] | None = None
-        self._alarm: asyncio.TimerHandle | None = None
+        self._lock = ALock()
+        self._watchdog = AsyncWatchdog(name)
         self.timeout = connecting.DEFAULT_CALL_TIMEOUT
+        """The statement timeout of each call, seconds (set from the ttl once it is known)."""
+        self.retried = False
+        """Whether the last call was sent again on a new connection (``attempts`` > 1)."""
 
     async def execute(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R]) -> list[R]:
         return (await self.call(query, params, row_factory))[0]
 
     async def call(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R], *,
-                   bound: float | None = None) -> tuple[list[R], float]:
+                   bound: float | None = None, attempts: int = 1) -> tuple[list[R], float]:
+        """The rows and the monotonic time the call was sent; ``bound``: give up after that many seconds at most.
+
+        ``attempts`` > 1: when the connection turns out broken (the server went
+        away since it was opened), send the call again on a new one, up to
+        that many times in all. Only for a call whose effect can be looked up
+        afterwards: the first attempt may have taken effect before the
+        connection broke.
+        """
         async with self._lock:
-            if self._conn is not None and (self._conn.closed or self._conn.broken):
-                await self._release()
-            timeout, limit = connecting.call_bounds(self.timeout, bound)
-            if self._conn is None:
-                self._conn = await self._connect(limit if bound is not None else limit + connecting.CONNECT_TIMEOUT)
-                self._where = connecting.where(self._conn)
-            conn = self._conn
-            given_up = False
+            self.retried = False
+            for attempt in range(1, attempts + 1):
+                try:
+                    return await self._call_once(query, params, row_factory, bound)
+                except LedgerUnavailable:
+                    raise  # given up, or no connection: not a broken one to replace
+                except psycopg.OperationalError as error:
+                    conn = self._conn
+                    if attempt == attempts or conn is None or not conn.broken:
+                        raise
+                    log.warning("the connection of a ledger call broke (%s); sending it again on a new one",
+                                first_line(error))
+                    await self._release()
+                    self.retried = True
+            raise AssertionError("unreachable")
 
-            def give_up() -> None:
-                nonlocal given_up
-                if not given_up:
-                    given_up = True
-                    connecting.abort(conn)
-
-            sent = time.monotonic()
-            timer = asyncio.get_running_loop().call_later(limit, give_up)
-            self._give_up = give_up
-            try:
-                rows = await connecting.execute_bounded_async(conn, query, params, row_factory, timeout)
-            except psycopg.OperationalError as error:
-                if given_up:
-                    raise LedgerUnavailable(
-                        f"no answer from the ledger's database ({self._where}) within {limit:.3g}s: "
-                        "the connection was given up", {}) from error
-                raise
-            finally:
-                timer.cancel()
-                self._give_up = None
-            return rows, sent
+    async def _call_once(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R],
+                         bound: float | None) -> tuple[list[R], float]:
+        if self._conn is not None and (self._conn.closed or self._conn.broken):
+            await self._release()
+        timeout, limit = connecting.call_bounds(self.timeout, bound)
+        if self._conn is None:
+            # A pool's wait for a connection is bounded too (a heartbeat's by the deadline).
+            self._conn = await self._connect(limit if bound is not None else limit + connecting.CONNECT_TIMEOUT)
+            self._where = connecting.where(self._conn)
+        conn = self._conn
+        sent = time.monotonic()
+        key = self._watchdog.arm(sent + limit, lambda: connecting.abort(conn))
+        try:
+            rows = await connecting.execute_bounded_async(conn, query, params, row_factory, timeout)
+        except psycopg.OperationalError as error:
+            if self._watchdog.disarm(key):
+                raise LedgerUnavailable(
+                    f"no answer from the ledger's database ({self._where}) within "
+                    f"{limit:.3g}s: the connection was given up", {}) from error
+            raise
+        finally:
+            self._watchdog.disarm(key)
+        return rows, sent
 
     def abort(self) -> None:
         """Give up the call in flight, if any: it raises LedgerUnavailable."""
-        if self._give_up is not None:
-            self._give_up()
+        self._watchdog.fire()
 
     def alarm(self, at: float | None, action: Callable[[], object] | None = None) -> None:
-        """Run ``action`` at monotonic time ``at`` in the event loop (None: no alarm)."""
-        if self._alarm is not None:
-            self._alarm.cancel()
-            self._alarm = None
-        if at is not None and action is not None:
-            delay = max(0.0, at - time.monotonic())
-            self._alarm = asyncio.get_running_loop().call_later(delay, action)
+        """Run ``action`` at monotonic time ``at`` in the watchdog (None: no alarm)."""
+        self._watchdog.alarm(at, action)
 
     async def close(self) -> None:
-        self.alarm(None)
+        self._watchdog.alarm(None)
         async with self._lock:
             await self._release()
+        self._watchdog.close()
 
     async def _release(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
                 await self._give_back(conn)
-            except Exception:
+            except Exception:  # closing a dead connection may fail; it is gone either way
                 log.debug("closing a context connection failed", exc_info=True)
 
 
+class _AsyncSpares:
+    """The own connections of an ``AsyncLedger(conn)``'s contexts, kept open for the next context.
+
+    A context takes one for its life and gives it back; up to ``KEEP`` idle
+    ones stay open, so a run costs no new connection (the connection it gives
+    back is in no transaction: every call commits by itself). One that broke
+    meanwhile (a server restart) is replaced on the context's next call
+    (:meth:`_AsyncControl.call`); a start on a connection the server closed
+    while it was idle fails once, like a pool's.
+    """
+
+    KEEP = 4
+
+    def __init__(self, connect: Callable[[], Awaitable[AsyncConnection]]) -> None:
+        self._connect = connect
+        self._idle: list[AsyncConnection] = []
+
+    async def take(self, timeout: float) -> AsyncConnection:  # bounded by connect_timeout instead
+        while True:
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                return await self._connect()
+            if not conn.closed and not conn.broken:
+                return conn
+
+    async def give_back(self, conn: AsyncConnection) -> None:
+        idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        if conn.closed or conn.broken or not idle or len(self._idle) >= self.KEEP:
+            await conn.close()
+        else:
+            self._idle.append(conn)
+
+    async def close(self) -> None:
+        while self._idle:
+            await self._idle.pop().close()
+
+
+# -- the heartbeat ------------------------------------------------------------
+
+class AsyncHeartbeat:
+    """Calls ``beat`` every ``interval`` seconds, beside the body, until stopped or lost.
+
+    ``beat`` returns a :class:`~ledger.heartbeat.Renewal`; the heartbeat keeps
+    ``state.deadline`` and wakes up at it at the latest, so a lease that
+    nothing renewed is marked lost on time even when no call fails (a beat
+    stuck in a call is ended by its connection's own bound, at the deadline
+    at the latest). It runs as a task of the loop.
+    """
+
+    def __init__(self, *, beat: Callable[[], Awaitable[Renewal]], interval: float, state: LeaseState, name: str,
+                 renewed: Callable[[float], object] | None = None) -> None:
+        assert state.deadline is not None
+        self._beat = beat
+        self._renewed = renewed  # told the new deadline (the context's alarm)
+        self._interval = interval
+        self._deadline = state.deadline
+        self._state = state
+        self._name = name
+        self._stop = AEvent()
+        self._busy = ALock()  # held for one round: the check for stop, the beat, what it learnt
+        self._worker: Any = None
+
+    def start(self) -> None:
+        self._worker = aspawn(self._run, self._name)
+
+    async def stop(self) -> None:
+        """Stop: once this returns no beat starts and none is in flight (the wait is an event: no delay).
+
+        A beat in flight is waited for; a heartbeat waiting for its next beat is
+        not (it ends by itself when it wakes, touching nothing), so a context
+        whose run was shorter than the interval never waits for a thread.
+        """
+        self._stop.set()
+        if self._worker is None or in_task(self._worker):
+            return
+        async with self._busy:
+            pass
+        if ASYNC:
+            await ajoin(self._worker)  # in the loop the task ends at its next step: no thread to wait for
+
+    async def _run(self) -> None:
+        wait = self._interval
+        while not await await_event(self._stop, min(wait, self._deadline.remaining())):
+            async with self._busy:
+                if self._stop.is_set():
+                    return
+                next_wait = await self._round()
+            if next_wait is None:
+                return
+            wait = next_wait
+
+    async def _round(self) -> float | None:
+        """One beat: seconds to the next, or None when the lease is lost (or found lost first)."""
+        # A fence or check found it lost first (stop keeping others out), or the deadline passed.
+        if self._state.check_lost():
+            return None
+        try:
+            renewal = await self._beat()
+        except LedgerUnavailable as error:  # no answer: connection trouble, not the ledger's verdict
+            return retry_or_lose(self._deadline, self._interval, self._state, error)
+        except LedgerError as error:
+            self._state.mark_lost("the ledger refused the heartbeat", error)
+            return None
+        except Exception as error:
+            return retry_or_lose(self._deadline, self._interval, self._state, error)
+        if renewal.time_left is None:
+            self._state.mark_lost("the heartbeat found the lease taken or ended")
+            return None
+        self._deadline.renewed(renewal.time_left, renewal.sent_at)
+        if self._renewed is not None:
+            self._renewed(self._deadline.at)
+        return self._interval
+
+
+# -- contexts ---------------------------------------------------------------
+
 class _AsyncHolding:
-    """What an async run and lease context share (see ``ledger.client._Holding``)."""
+    """What a run and a lease context share: the own connection, the heartbeat, the lost state."""
 
     def __init__(self, ledger: AsyncLedger, job: str, on_lost: OnLost | None) -> None:
         self._ledger = ledger
-        self.lost = asyncio.Event()
-        """Set as soon as the lease is known lost; ``await run.lost.wait()`` works."""
-        self._callbacks: set[asyncio.Future[Any]] = set()
-        self._state = LeaseState(job, ledger.owner, on_lost, signal=self.lost.set, dispatch=self._dispatch)
+        self.lost = AEvent()
+        """Set as soon as the lease is known lost (by a heartbeat, a fence or the end)."""
+        self._callbacks: set[Any] = set()  # on_lost results still running
+        self._state = LeaseState(job, ledger.owner, on_lost, signal=self.lost.set,
+                                 dispatch=functools.partial(keep_result_async, pending=self._callbacks))
         self._control: _AsyncControl | None = None
         self._heartbeat: AsyncHeartbeat | None = None
         self._open = False
-
-    def _dispatch(self, result: object) -> None:
-        # An async on_lost callback: run it, and keep a reference until it is done.
-        if inspect.isawaitable(result):
-            future = asyncio.ensure_future(result)
-            self._callbacks.add(future)
-            future.add_done_callback(self._callbacks.discard)
 
     @property
     def job(self) -> str:
@@ -221,16 +413,29 @@ class _AsyncHolding:
 
     @property
     def time_left(self) -> timedelta | None:
-        """Time to the lease's local deadline while held (zero once lost); None when not held."""
+        """Time to the lease's local deadline while held (zero once lost); None when not held.
+
+        The deadline is the send time of the call that last renewed the lease
+        plus the time left the server reported, on the monotonic clock: never
+        later than the server's expiry.
+        """
         left = self._state.time_left()
         return None if left is None else timedelta(seconds=left)
 
     def is_lost(self) -> bool:
-        """True once the lease is known lost or its local deadline has passed (no I/O; marks the loss)."""
+        """True once the lease is known lost or its local deadline has passed (no I/O).
+
+        A passed deadline is recorded as the loss right here (``lost`` set,
+        ``on_lost`` called), even when the heartbeat is stuck in a call.
+        """
         return self._state.check_lost()
 
     async def check(self, *, remote: bool = False) -> None:
-        """Raise LeaseLost when the lease is known lost or its local deadline passed; ``remote``: ask the ledger too."""
+        """Raise LeaseLost when the lease is known lost or its local deadline has passed.
+
+        With ``remote``, ask the ledger too. The local check is free (no
+        I/O): call it between steps of a long body.
+        """
         token = self._require_token()
         self._state.raise_if_lost()
         if remote:
@@ -242,9 +447,17 @@ class _AsyncHolding:
                 raise self._state.mark_lost("assert_current refused the token", error) from error
 
     async def fence(self, conn: AsyncConnection, resource: str) -> int:
-        """``ledger.fence(job, resource, token)`` in the caller's transaction on ``conn`` (see the sync client).
+        """Move ``resource``'s fence to this token inside the caller's transaction on ``conn``.
 
-        LeaseLost (the context marked lost) on LD001 or LD002; FenceOfAnotherJob as is.
+        LeaseLost without a round trip when the lease is known lost or its
+        local deadline has passed. Otherwise one statement,
+        ``ledger.fence(job, resource, token)``, which checks the lease
+        itself: LeaseLost (and the context marked lost) when the token is no
+        longer the job's current live token (LD001) or a takeover's newer
+        token wrote first (LD002); FenceOfAnotherJob when ``resource`` belongs
+        to another job (raised as is: a programming error, not a lost lease).
+        Call it in the transaction of the write it protects, so that both
+        commit or neither does.
         """
         return int(await self._fenced(conn, queries.FENCE, resource))
 
@@ -295,6 +508,7 @@ class _AsyncHolding:
         self._heartbeat.start()
 
     async def _renewal(self, query: str, params: Mapping[str, Any]) -> Renewal:
+        """A heartbeat's call on the own connection, given up at the local deadline at the latest."""
         assert self._control is not None
         deadline = self._state.deadline
         bound = None if deadline is None else deadline.remaining()
@@ -303,13 +517,17 @@ class _AsyncHolding:
         return Renewal(None if row["expires_at"] is None else row["time_left"], sent)
 
     async def _stop_heartbeat(self) -> bool:
-        """Stop the heartbeat (giving up its call when the lease is already lost); True when lost."""
+        """Stop the heartbeat; True when the lease is lost (or its deadline passed), which ends the deadline.
+
+        A heartbeat stuck in a call past the deadline is not waited for: its
+        call is given up first.
+        """
         if self._heartbeat is not None:
             if self._state.check_lost() and self._control is not None:
                 self._control.abort()
             await self._heartbeat.stop()
         lost = self._state.check_lost()
-        self._state.deadline = None
+        self._state.deadline = None  # from here the end's answer decides
         if self._control is not None:
             self._control.alarm(None)
         return lost
@@ -320,24 +538,45 @@ class _AsyncHolding:
 
 
 class AsyncRunContext(_AsyncHolding):
-    """The async :class:`ledger.client.RunContext`; ``asyncio.CancelledError`` records ``cancelled``."""
+    """One run of a job: ``start_run`` on enter, heartbeats, ``complete_run``/``fail_run``/``cancel_run`` on exit.
+
+    ``started`` is False when the ledger did not start the run (``outcome`` says
+    why: ``skipped_overlap`` with ``holder``/``holder_expires_at``,
+    ``already_done``, ``paused``, ``nothing_due``); the body should return.
+    That is not an error: nothing is logged as failed.
+
+    On exit: normal exit completes the run; an Exception fails it with the
+    exception's text and propagates; KeyboardInterrupt, SystemExit and
+    other BaseExceptions (the async client: a cancelled task's
+    CancelledError) cancel it (``failure_reason = 'cancelled'``) and
+    propagate. When the ledger refuses
+    to complete because the lease was lost (LD001, LD003), a normal exit
+    raises LeaseLost. ``result`` is the ended run's row. ``detail`` (a dict
+    the body may fill) is merged into the run's detail.
+    """
 
     def __init__(self, ledger: AsyncLedger, job: str, *, ttl: timedelta | None = None,
                  slot: datetime | None = None, idempotency_key: str | None = None,
                  detail: Mapping[str, Any] | None = None, heartbeat_interval: timedelta | None = None,
-                 on_lost: OnLost | None = None, due: bool = False) -> None:
+                 on_lost: OnLost | None = None, due: bool = False,
+                 backfill: tuple[datetime, datetime] | None = None) -> None:
         super().__init__(ledger, job, on_lost)
         self._ttl = ttl
         self._slot = slot
+        self._backfill = backfill
         self._idempotency_key = idempotency_key
         self._start_detail = detail
         self._heartbeat_interval = heartbeat_interval
         self._due = due
         self._begun = False
         self.start: RunStart | None = None
+        """The ``ledger.run_start`` row, once entered."""
         self.result: Run | None = None
+        """The run's log row after exit (None when it did not start or could not end)."""
         self.detail: dict[str, Any] = {}
+        """Facts for the run's log row, sent with complete/fail (merged into its detail)."""
 
+    # The run_start row, flattened.
     @property
     def outcome(self) -> str | None:
         return None if self.start is None else self.start.outcome
@@ -368,6 +607,7 @@ class AsyncRunContext(_AsyncHolding):
 
     @property
     def is_open(self) -> bool:
+        """Started and not yet ended."""
         return self._open
 
     def _not_held(self) -> str:
@@ -382,11 +622,15 @@ class AsyncRunContext(_AsyncHolding):
 
     async def _begin(self) -> None:
         self._begun = True
-        control = await self._ledger._open_control()
+        control = await self._ledger._open_control(self.job)
         self._control = control
         try:
-            if self._due:
-                params: dict[str, Any] = {"job": self.job, "owner": self.owner, "ttl": self._ttl}
+            if self._backfill is not None:  # ledger.backfill: the oldest slot of the range not done
+                params: dict[str, Any] = {"job": self.job, "owner": self.owner, "ttl": self._ttl,
+                                          "from_slot": self._backfill[0], "to_slot": self._backfill[1]}
+                rows, sent = await control.call(queries.BACKFILL, params, dict_row)
+            elif self._due:
+                params = {"job": self.job, "owner": self.owner, "ttl": self._ttl}
                 rows, sent = await control.call(queries.START_DUE_RUN, params, dict_row)
             else:
                 params = {"job": self.job, "owner": self.owner, "ttl": self._ttl, "slot": self._slot,
@@ -406,6 +650,7 @@ class AsyncRunContext(_AsyncHolding):
         try:
             self._start_heartbeat(self._heartbeat_interval, self._ttl, time_left, sent, self._beat)
         except BaseException as error:
+            # Interrupted between start_run and the heartbeat: do not leave a running row behind.
             await self._end(error)
             raise
 
@@ -415,7 +660,7 @@ class AsyncRunContext(_AsyncHolding):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         if self._open:
-            await _shielded(self._end(exc))
+            await ashield(self._end(exc))
 
     async def _end(self, exc: BaseException | None, error_text: str | None = None) -> None:
         self._open = False
@@ -423,7 +668,7 @@ class AsyncRunContext(_AsyncHolding):
         assert self._control is not None
         query, params = end_call(self.run_id, self.token, exc, error_text, lost, self.detail)
         try:
-            self.result = (await self._control.execute(query, params, class_row(Run)))[0]
+            self.result = await self._record_end(self._control, query, params)
         except (LeaseSuperseded, RunNotRunning) as error:
             refused = self._state.mark_lost("the ledger refused to end the run", error)
             if exc is None:
@@ -438,18 +683,39 @@ class AsyncRunContext(_AsyncHolding):
         if exc is None and lost is not None:
             raise lost
 
+    async def _record_end(self, control: _AsyncControl, query: str, params: Mapping[str, Any]) -> Run:
+        """Send the end; on a broken connection again on a new one, where the run's row tells what happened."""
+        try:
+            rows, _ = await control.call(query, params, class_row(Run), attempts=END_ATTEMPTS)
+            return rows[0]
+        except (LeaseSuperseded, RunNotRunning):
+            if control.retried:
+                # The attempt whose connection broke may have ended the run already: then it is ours.
+                rows = await control.execute(queries.GET_RUN, {"run_id": self.run_id}, class_row(Run))
+                if rows and ended_by_us(rows[0], query, self.token):
+                    return rows[0]
+            raise
+
 
 class AsyncLeaseContext(_AsyncHolding):
-    """The async :class:`ledger.client.LeaseContext`."""
+    """A plain lease (``acquire``/``renew``/``release``), without the execution log.
+
+    ``acquired`` is False when another owner holds the job; the body should
+    return. While held, the lease is renewed every ttl/3 on the context's own
+    connection; on exit it is released. A normal exit whose release finds the
+    lease no longer held raises LeaseLost.
+    """
 
     def __init__(self, ledger: AsyncLedger, job: str, *, ttl: timedelta | None = None,
-                 renew_interval: timedelta | None = None, on_lost: OnLost | None = None) -> None:
+                 heartbeat_interval: timedelta | None = None, on_lost: OnLost | None = None) -> None:
         super().__init__(ledger, job, on_lost)
         self._ttl = ttl
-        self._renew_interval = renew_interval
+        self._heartbeat_interval = heartbeat_interval
         self._entered = False
         self.lease: Lease | None = None
+        """The ``ledger.lease`` row when acquired."""
         self.released: bool | None = None
+        """What ``ledger.release`` answered on exit."""
 
     @property
     def acquired(self) -> bool:
@@ -466,7 +732,7 @@ class AsyncLeaseContext(_AsyncHolding):
         if self._entered:
             raise RuntimeError("a lease context can be entered only once")
         self._entered = True
-        control = await self._ledger._open_control()
+        control = await self._ledger._open_control(self.job)
         self._control = control
         try:
             rows, sent = await control.call(
@@ -482,7 +748,7 @@ class AsyncLeaseContext(_AsyncHolding):
         self._state.token = self.lease.token
         self._open = True
         try:
-            self._start_heartbeat(self._renew_interval, self._ttl, time_left, sent, self._renew)
+            self._start_heartbeat(self._heartbeat_interval, self._ttl, time_left, sent, self._renew)
         except BaseException:
             await self._release(None)
             raise
@@ -495,7 +761,7 @@ class AsyncLeaseContext(_AsyncHolding):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         if self._open:
-            await _shielded(self._release(exc))
+            await ashield(self._release(exc))
 
     async def _release(self, exc: BaseException | None) -> None:
         self._open = False
@@ -516,13 +782,18 @@ class AsyncLeaseContext(_AsyncHolding):
             raise lost
 
 
-async def _shielded(end: Awaitable[None]) -> None:
-    """Record the end even when the task is cancelled again meanwhile (the end finishes in the background)."""
-    await asyncio.shield(end)
-
+# -- the decorator ------------------------------------------------------------
 
 class AsyncScheduledJob(Generic[P, T]):
-    """The async :class:`ledger.client.ScheduledJob`: ``await job()`` runs the due slots."""
+    """A function registered as a scheduled job; calling it runs the job's due slots.
+
+    The function takes the run context first (``run.slot`` is the slot it
+    serves, ``run.fence`` guards its writes). ``register()`` upserts the job
+    (``ledger.register_job``); the first call does it once per process, never
+    at import. A call loops on ``start_due_run`` (see :meth:`AsyncLedger.catch_up`)
+    and returns the function's results, oldest slot first; an exception fails
+    that run and propagates.
+    """
 
     def __init__(self, ledger: AsyncLedger, fn: Callable[Concatenate[AsyncRunContext, P], Awaitable[T]], *,
                  job: str, schedule: str | None, ttl: timedelta | None, max_backfill: int, time_zone: str,
@@ -537,6 +808,7 @@ class AsyncScheduledJob(Generic[P, T]):
         self._heartbeat_interval = heartbeat_interval
         self._on_lost = on_lost
         self._registered = False
+        self._lock = ALock()
         functools.update_wrapper(self, fn)
 
     async def register(self) -> Job:
@@ -546,8 +818,9 @@ class AsyncScheduledJob(Generic[P, T]):
         return job
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> list[T]:
-        if not self._registered:
-            await self.register()
+        async with self._lock:
+            if not self._registered:
+                await self.register()
         results: list[T] = []
         async for run in self.ledger.catch_up(self.job, heartbeat_interval=self._heartbeat_interval,
                                               on_lost=self._on_lost):
@@ -556,16 +829,26 @@ class AsyncScheduledJob(Generic[P, T]):
         return results
 
 
-class AsyncLedger:
-    """The ledger's SQL API over an AsyncConnection, an AsyncConnectionPool, or a conninfo string.
+# -- the ledger ---------------------------------------------------------------
 
-    As :class:`ledger.client.Ledger`. From a conninfo string the pool is
-    opened on first use (or ``async with``, ``await ledger.open()``): one
-    connection is checked first, so a wrong DSN raises LedgerUnavailable
-    (naming host and port) then, at once. Its connections never prepare
-    statements; ``pool_kwargs["kwargs"]`` go over the ledger's connection
-    settings. A pool passed in is used as it is (behind a transaction
-    pooler, create it with ``kwargs={"prepare_threshold": None, ...}``).
+class AsyncLedger:
+    """The ledger's SQL API over a psycopg AsyncConnection, an AsyncConnectionPool, or a conninfo string.
+
+    ``owner`` defaults to :func:`ledger.identity.default_owner`
+    (``hostname:pid:random``, new in a forked child). ``heartbeat_conninfo``
+    (AsyncConnection only) is where contexts open their own connection, when
+    the connection's own conninfo will not do (a multi-host conninfo, a
+    password from a callback); that connection takes the caller's
+    connection's ``prepare_threshold``. ``pool_kwargs`` (conninfo only) go to
+    the AsyncConnectionPool the ledger opens; its ``kwargs`` go over the
+    ledger's connection settings (autocommit, ``prepare_threshold=None``, TCP
+    keepalives, a connect timeout: see :mod:`ledger.connect`).
+
+    From a conninfo string the ledger checks one connection first and waits
+    for its pool: LedgerUnavailable (naming host and port) when the database
+    cannot be reached, at once rather than as a PoolTimeout on the first
+    call. A pool passed in is used as it is (behind a transaction pooler,
+    create it with ``kwargs={"prepare_threshold": None, ...}``).
     """
 
     def __init__(self, source: AsyncConnection | AsyncConnectionPool[Any] | str, *, owner: str | None = None,
@@ -575,23 +858,28 @@ class AsyncLedger:
         self._pool: AsyncConnectionPool[Any] | None = None
         self._owns_pool = False
         self._pool_opened = False
+        self._opening = ALock()
         self._heartbeat_conninfo: str | None = None
+        self._spares: _AsyncSpares | None = None  # the contexts' own connections, for AsyncLedger(conn)
         if heartbeat_conninfo is not None and not isinstance(source, psycopg.AsyncConnection):
             raise TypeError("heartbeat_conninfo applies to an AsyncLedger over an AsyncConnection only")
-        self._opening: asyncio.Lock | None = None
         if isinstance(source, str):
-            # Opened on first use (or `async with`): an async pool opens inside a running loop.
-            self._pool = connecting.async_pool(source, pool_kwargs or {})
+            self._pool = connecting.make_async_pool(source, pool_kwargs or {})
             self._owns_pool = True
+            if not ASYNC:
+                # At once: a wrong DSN fails here, not on the first call (unless the caller said open=False).
+                if (pool_kwargs or {}).get("open", True):
+                    self.open()
         elif isinstance(source, psycopg.AsyncConnection):
             self._conn = source
-            self._heartbeat_conninfo = heartbeat_conninfo or conninfo_of(source)
+            self._heartbeat_conninfo = heartbeat_conninfo if heartbeat_conninfo is not None else conninfo_of(source)
         elif isinstance(source, AsyncConnectionPool):
             self._pool = source
         else:
             raise TypeError(
-                "AsyncLedger takes a psycopg AsyncConnection, a psycopg_pool AsyncConnectionPool or a "
-                f"conninfo string (use ledger.Ledger for sync connections), not {type(source).__name__}")
+                "AsyncLedger takes a psycopg AsyncConnection, a psycopg_pool AsyncConnectionPool or a conninfo "
+                "string (ledger.Ledger takes sync ones, ledger.AsyncLedger async ones), "
+                f"not {type(source).__name__}")
 
     @property
     def owner(self) -> str:
@@ -602,17 +890,20 @@ class AsyncLedger:
         if not self._owns_pool or self._pool_opened:
             return
         assert self._pool is not None
-        if self._opening is None:
-            self._opening = asyncio.Lock()
         async with self._opening:
             if not self._pool_opened:
                 await connecting.open_async_pool(self._pool)
                 self._pool_opened = True
 
     async def close(self) -> None:
-        """Close the pool the ledger opened from a conninfo string."""
+        """Close what the ledger opened: the pool from a conninfo string, the spare context connections.
+
+        A caller's pool or connection stays open.
+        """
         if self._owns_pool and self._pool is not None:
             await self._pool.close()
+        if self._spares is not None:
+            await self._spares.close()
 
     async def __aenter__(self) -> AsyncLedger:
         await self.open()
@@ -622,6 +913,8 @@ class AsyncLedger:
                         tb: TracebackType | None) -> None:
         await self.close()
 
+    # -- plumbing -------------------------------------------------------------
+
     async def _call(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R]) -> list[R]:
         if self._conn is not None:
             return await execute_own(self._conn, query, params, row_factory)
@@ -630,40 +923,65 @@ class AsyncLedger:
         async with self._pool.connection() as conn:
             return await execute_own(conn, query, params, row_factory)
 
-    async def _open_control(self) -> _AsyncControl:
+    async def _open_control(self, job: str) -> _AsyncControl:
+        name = f"ledger-watchdog:{job}"
         if self._pool is not None:
             await self.open()
             pool = self._pool
-            return _AsyncControl(pool.getconn, pool.putconn)
-        conninfo = self._heartbeat_conninfo
-        assert conninfo is not None and self._conn is not None
-        prepare_threshold = self._conn.prepare_threshold  # derived from the caller's: its setting
+            return _AsyncControl(pool.getconn, pool.putconn, name)  # getconn(timeout)
+        if self._spares is None:
+            conninfo = self._heartbeat_conninfo
+            assert conninfo is not None and self._conn is not None
+            # Derived from the caller's connection: its prepare_threshold (behind a
+            # transaction pooler it is None), always autocommit (one call, one transaction).
+            prepare_threshold = self._conn.prepare_threshold
 
-        async def connect(timeout: float) -> AsyncConnection:  # bounded by connect_timeout instead
-            return await connecting.connect_async(conninfo, prepare_threshold=prepare_threshold)
+            async def connect() -> AsyncConnection:  # bounded by connect_timeout
+                return await connecting.connect_async(conninfo, prepare_threshold=prepare_threshold)
 
-        async def close(conn: AsyncConnection) -> None:
-            await conn.close()
-
-        return _AsyncControl(connect, close)
+            self._spares = _AsyncSpares(connect)
+        return _AsyncControl(self._spares.take, self._spares.give_back, name)
 
     # -- contexts ---------------------------------------------------------------
 
     def run(self, job: str, *, ttl: timedelta | None = None, slot: datetime | None = None,
             idempotency_key: str | None = None, detail: Mapping[str, Any] | None = None,
             heartbeat_interval: timedelta | None = None, on_lost: OnLost | None = None) -> AsyncRunContext:
-        """A run of ``job`` as an async context manager; ``on_lost`` runs in the event loop."""
+        """A run of ``job`` as a context manager, ``async with`` (see :class:`AsyncRunContext`).
+
+        ``ttl`` None means the job's registered ttl. Heartbeats every
+        ``heartbeat_interval`` (default ttl/3). ``on_lost`` is called once, in
+        the event loop, when the lease is found lost.
+        """
         return AsyncRunContext(self, job, ttl=ttl, slot=slot, idempotency_key=idempotency_key, detail=detail,
                                heartbeat_interval=heartbeat_interval, on_lost=on_lost)
 
-    def lease(self, job: str, *, ttl: timedelta | None = None, renew_interval: timedelta | None = None,
-              on_lost: OnLost | None = None) -> AsyncLeaseContext:
-        return AsyncLeaseContext(self, job, ttl=ttl, renew_interval=renew_interval, on_lost=on_lost)
+    def lease(self, job: str, *, ttl: timedelta | None = None, heartbeat_interval: timedelta | None = None,
+              on_lost: OnLost | None = None, renew_interval: timedelta | None = None) -> AsyncLeaseContext:
+        """A plain lease of ``job`` as a context manager, ``async with`` (see :class:`AsyncLeaseContext`).
+
+        Renewed every ``heartbeat_interval`` (default ttl/3), the same knob as
+        a run's. ``renew_interval`` is its old name, deprecated.
+        """
+        if renew_interval is not None:
+            warnings.warn("lease(renew_interval=...) is deprecated: use heartbeat_interval=...",
+                          DeprecationWarning, stacklevel=2)
+            heartbeat_interval = renew_interval if heartbeat_interval is None else heartbeat_interval
+        return AsyncLeaseContext(self, job, ttl=ttl, heartbeat_interval=heartbeat_interval, on_lost=on_lost)
 
     async def catch_up(self, job: str, *, ttl: timedelta | None = None,
                        heartbeat_interval: timedelta | None = None,
                        on_lost: OnLost | None = None) -> AsyncIterator[AsyncRunContext]:
-        """``async for run in ledger.catch_up(job):`` (see :meth:`ledger.client.Ledger.catch_up`)."""
+        """Started runs of ``job``'s due slots, oldest first, one at a time (``start_due_run``).
+
+        Use each with ``async with run:`` so that an exception fails it. Each
+        run is started before it is yielded (its heartbeat runs). The loop ends
+        when ``start_due_run`` answers anything but ``started``
+        (``nothing_due``, ``skipped_overlap``, ``paused``), and after a run
+        that did not end in success, so a failing slot is retried on the next
+        call, not in a tight loop. A run the loop body left open is completed
+        when the loop moves on, and cancelled when the loop is abandoned.
+        """
         while True:
             run = AsyncRunContext(self, job, ttl=ttl, heartbeat_interval=heartbeat_interval, on_lost=on_lost,
                                   due=True)
@@ -679,14 +997,14 @@ class AsyncLedger:
                     if resumed:
                         await run._end(None)
                     else:
-                        await _shielded(run._end(GeneratorExit(), "the catch-up loop was left before the run ended"))
+                        await ashield(run._end(GeneratorExit(), "the catch-up loop was left before the run ended"))
             if run.result is None or run.result.status != "success":
                 return
 
     def job(self, job: str, *, schedule: str | None = None, ttl: timedelta | None = None, max_backfill: int = 1,
             time_zone: str = "UTC", heartbeat_interval: timedelta | None = None, on_lost: OnLost | None = None,
             ) -> Callable[[Callable[Concatenate[AsyncRunContext, P], Awaitable[T]]], AsyncScheduledJob[P, T]]:
-        """Decorator for an ``async def fn(run, ...)``: register it as job ``job``; ``await fn()`` runs due slots."""
+        """Decorator: register ``fn`` as scheduled job ``job``; calling it runs the due slots."""
 
         def decorate(fn: Callable[Concatenate[AsyncRunContext, P], Awaitable[T]]) -> AsyncScheduledJob[P, T]:
             return AsyncScheduledJob(self, fn, job=job, schedule=schedule, ttl=ttl, max_backfill=max_backfill,
@@ -694,19 +1012,22 @@ class AsyncLedger:
 
         return decorate
 
-    # -- the SQL API ---------------------------------------------------------------
+    # -- the SQL API, one method per function -------------------------------------
 
     async def acquire(self, job: str, ttl: timedelta | None = None, *, owner: str | None = None) -> Lease | None:
+        """``ledger.acquire``: the lease, or None when another owner holds it."""
         rows = await self._call(queries.ACQUIRE, {"job": job, "owner": owner or self.owner, "ttl": ttl}, dict_row)
         return Lease(**split_time_left(rows[0])[0]) if rows else None
 
     async def renew(self, job: str, token: int, ttl: timedelta | None = None, *,
                     owner: str | None = None) -> datetime | None:
+        """``ledger.renew``: the new expiry, or None when the lease is lost."""
         params = {"job": job, "owner": owner or self.owner, "token": token, "ttl": ttl}
         expires_at: datetime | None = (await self._call(queries.RENEW, params, dict_row))[0]["expires_at"]
         return expires_at
 
     async def release(self, job: str, token: int, *, owner: str | None = None) -> bool:
+        """``ledger.release``: False when that owner and token do not hold the lease."""
         params = {"job": job, "owner": owner or self.owner, "token": token}
         return bool((await self._call(queries.RELEASE, params, scalar_row))[0])
 
@@ -714,20 +1035,24 @@ class AsyncLedger:
         return bool((await self._call(queries.IS_CURRENT, {"job": job, "token": token}, scalar_row))[0])
 
     async def assert_current(self, job: str, token: int) -> None:
+        """Raise LeaseSuperseded unless the token is current."""
         await self._call(queries.ASSERT_CURRENT, {"job": job, "token": token}, scalar_row)
 
     async def start_run(self, job: str, *, ttl: timedelta | None = None, slot: datetime | None = None,
                         idempotency_key: str | None = None, detail: Mapping[str, Any] | None = None,
                         owner: str | None = None) -> RunStart:
+        """``ledger.start_run``, without a heartbeat (see :meth:`run` for the context)."""
         params = {"job": job, "owner": owner or self.owner, "ttl": ttl, "slot": slot,
                   "idempotency_key": idempotency_key, "detail": jsonb(detail)}
         return run_start((await self._call(queries.START_RUN, params, dict_row))[0])[0]
 
     async def start_due_run(self, job: str, *, ttl: timedelta | None = None, owner: str | None = None) -> RunStart:
+        """``ledger.start_due_run``, without a heartbeat (see :meth:`catch_up`)."""
         params = {"job": job, "owner": owner or self.owner, "ttl": ttl}
         return run_start((await self._call(queries.START_DUE_RUN, params, dict_row))[0])[0]
 
     async def heartbeat(self, run_id: int, token: int, ttl: timedelta | None = None) -> datetime | None:
+        """``ledger.heartbeat``: the new expiry, or None when the lease is lost."""
         params = {"run_id": run_id, "token": token, "ttl": ttl}
         expires_at: datetime | None = (await self._call(queries.HEARTBEAT, params, dict_row))[0]["expires_at"]
         return expires_at
@@ -745,6 +1070,7 @@ class AsyncLedger:
         return (await self._call(queries.CANCEL_RUN, params, class_row(Run)))[0]
 
     async def get_run(self, run_id: int) -> Run | None:
+        """The run's row of ``ledger.job_execution_log``."""
         rows = await self._call(queries.GET_RUN, {"run_id": run_id}, class_row(Run))
         return rows[0] if rows else None
 
@@ -752,10 +1078,38 @@ class AsyncLedger:
         return int((await self._call(queries.REAP_EXPIRED, {"job": job}, scalar_row))[0])
 
     async def register_job(self, job: str, *, schedule: str | None = None, ttl: timedelta | None = None,
-                           max_backfill: int = 1, time_zone: str = "UTC") -> Job:
+                           max_backfill: int | None = None, time_zone: str | None = None,
+                           late_after: timedelta | None = None, down_after: timedelta | None = None,
+                           min_runtime: timedelta | None = None, max_runtime: timedelta | None = None,
+                           pause_after_failures: int | None = None) -> Job:
+        """Register ``job``, or change the options given of a registered job.
+
+        An option left None keeps what the job has (a first registration: no
+        schedule, no ttl, ``max_backfill`` 1, UTC, no health bounds); a bound
+        of ``timedelta(0)`` (``pause_after_failures`` 0) clears it.
+        """
         params = {"job": job, "schedule": schedule, "ttl": ttl, "max_backfill": max_backfill,
-                  "time_zone": time_zone}
+                  "time_zone": time_zone, "late_after": late_after, "down_after": down_after,
+                  "min_runtime": min_runtime, "max_runtime": max_runtime,
+                  "pause_after_failures": pause_after_failures}
         return (await self._call(queries.REGISTER_JOB, params, class_row(Job)))[0]
+
+    async def unregister_job(self, job: str, *, with_history: bool = False) -> bool:
+        """Remove ``job``'s registration (``ledger.unregister_job``); with ``with_history`` its runs and
+        counters too. Refused (InvalidArgument) while a run of the job is live."""
+        params = {"job": job, "with_history": with_history}
+        return bool((await self._call(queries.UNREGISTER_JOB, params, scalar_row))[0])
+
+    async def force_release(self, job: str) -> int | None:
+        """Release ``job``'s lease whoever holds it (``ledger.force_release``): the new token, which
+        supersedes the holder's; None when the job never held a lease."""
+        row = (await self._call(queries.FORCE_RELEASE, {"job": job}, scalar_row))[0]
+        return None if row is None else int(row)
+
+    async def request_cancel(self, run_id: int) -> bool:
+        """Ask a running run to stop (``ledger.request_cancel``): its holder's next heartbeat ends it
+        as cancelled and marks it lost. True when this call made the request."""
+        return bool((await self._call(queries.REQUEST_CANCEL, {"run_id": run_id}, scalar_row))[0])
 
     async def pause_job(self, job: str) -> bool:
         return bool((await self._call(queries.PAUSE_JOB, {"job": job}, scalar_row))[0])
@@ -767,10 +1121,12 @@ class AsyncLedger:
         return list(await self._call(queries.DUE_SLOTS, {"job": job, "at": at}, scalar_row))
 
     async def job_status(self, job: str) -> JobStatus | None:
+        """The job's row of the ``ledger.job_status`` view."""
         rows = await self._call(queries.JOB_STATUS, {"job": job}, class_row(JobStatus))
         return rows[0] if rows else None
 
     async def job_statuses(self) -> list[JobStatus]:
+        """Every row of the ``ledger.job_status`` view, by job."""
         return await self._call(queries.JOB_STATUSES, {}, class_row(JobStatus))
 
     async def purge_log(self, older_than: timedelta) -> int:

@@ -1,25 +1,38 @@
-"""The synchronous Python client: ``Ledger`` and its run and lease contexts.
+# Generated from ledger/aio.py by tools/async_to_sync.py ('make sync'): do not edit.
+# Edit ledger/aio.py and run 'make sync'; CI fails when this file is stale.
+"""The sync Python client: ``Ledger`` and its run and lease contexts.
+
+``ledger/aio.py`` is the one source of the Python client: ``ledger/client.py``
+(the sync ``Ledger``, with threads where the async client has tasks) is
+generated from it by ``tools/async_to_sync.py`` (``make sync``). Where the two
+differ, the primitive is in :mod:`ledger._acompat`, or the code is in an
+``if ASYNC:`` block of the source.
 
 A thin layer over the SQL functions of schema ``ledger``: every decision
-(who holds a lease, whether a run starts, which slot is due, whether a token is
-stale) is made by those functions. The client adds the ``with`` block, the
-heartbeat loop and typed results.
+(who holds a lease, whether a run starts, which slot is due, whether a token
+is stale) is made by those functions. The client adds the context managers,
+the heartbeat and typed results.
 
 Connections:
 
-- ``Ledger(conn)``: plain calls (``acquire``, ``register_job``, ...) run on
-  ``conn``; on a connection outside a transaction they commit at once, inside
-  one they join it (as a savepoint). A run or lease context opens one
-  connection of its own from the same conninfo (or ``heartbeat_conninfo``) for
-  its start, heartbeats and end, and closes it at the end: the heartbeat never
-  shares a connection with a transaction of the caller.
-- ``Ledger(pool)``: each plain call borrows a pool connection; a context holds
-  one pool connection for its whole life (so the heartbeat never waits for a
-  busy pool).
-- ``Ledger("dsn")``: as with a pool, one that the ledger opens and owns; close
-  it with ``ledger.close()`` or ``with Ledger(dsn) as ledger:``. One
-  connection is checked first: a wrong DSN raises
-  :class:`~ledger.errors.LedgerUnavailable` (naming host and port) at once.
+- ``Ledger(conn)``: plain calls (``acquire``, ``register_job``, ...) run
+  on ``conn``; on a connection outside a transaction they commit at once,
+  inside one they join it (as a savepoint). A run or lease context takes one
+  connection of its own, opened from the same conninfo (or
+  ``heartbeat_conninfo``), for its start, heartbeats and end: the heartbeat
+  never shares a connection with a transaction of the caller. The ledger
+  keeps up to four such connections open for the next contexts (a run costs
+  no new connection); ``close()`` closes them. A connection
+  made from a multi-host conninfo knows only the host it reached: pass that
+  conninfo as ``heartbeat_conninfo`` so that a context follows a failover.
+- ``Ledger(pool)``: each plain call borrows a pool connection; a context
+  holds one pool connection for its whole life (so the heartbeat never waits
+  for a busy pool).
+- ``Ledger("dsn")``: as with a pool, one that the ledger opens and owns;
+  close it with ``ledger.close()`` or ``with Ledger(dsn) as ledger:``.
+  One connection is checked first: a wrong DSN raises
+  :class:`~ledger.errors.LedgerUnavailable` (naming host and port) when the
+  pool opens.
 
 Behind a transaction pooler (PgBouncer ``pool_mode = transaction``): the
 connections the ledger opens (its pool, a context's own connection) never
@@ -37,39 +50,46 @@ LedgerUnavailable; a heartbeat's call is given up at the lease's local
 deadline at the latest. The local deadline counts from the moment the call
 that renewed the lease was sent; once it passes the lease is lost
 (``check``, ``fence``, ``advance_fence`` and the context's end raise
-LeaseLost), even when the heartbeat is stuck in a call.
+LeaseLost), even when the heartbeat is stuck in a call. The end of a run is
+sent once more on a new connection when its connection turns out broken
+(the server went away since its last call: a restart, a failover); the
+run's row then tells whether the first attempt had ended it already.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import psycopg
-from psycopg.conninfo import make_conninfo
 from psycopg.rows import BaseRowFactory, class_row, dict_row, scalar_row
-from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from ledger import connect as connecting
 from ledger import queries
-from ledger.errors import LeaseLost, LeaseSuperseded, LedgerUnavailable, RunNotRunning, StaleToken, translated
-from ledger.heartbeat import Deadline, Heartbeat, LeaseState, OnLost, Renewal, beat_interval, seconds
+from ledger._acompat import Event, Lock, in_thread, join, keep_result, spawn, wait_event
+from ledger.calls import conninfo_of, end_call, ended_by_us, jsonb, run_start, split_time_left
+from ledger.errors import (LeaseLost, LeaseSuperseded, LedgerError, LedgerUnavailable, RunNotRunning,
+                           StaleToken, translated)
+from ledger.heartbeat import Deadline, LeaseState, OnLost, Renewal, beat_interval, retry_or_lose, seconds
 from ledger.identity import default_owner
 from ledger.models import Job, JobStatus, Lease, Run, RunStart
+from ledger.text import first_line
+from ledger.watchdog import Watchdog
 
 __all__ = [
-    "Ledger",
     "LeaseContext",
+    "Ledger",
     "RunContext",
     "ScheduledJob",
     "advance_fence",
+    "conninfo_of",
     "fence",
 ]
 
@@ -81,10 +101,17 @@ P = ParamSpec("P")
 
 Connection = psycopg.Connection[Any]
 
+END_ATTEMPTS = 4
+"""How many connections the end of a run is sent on, at most, while each one turns out broken.
+
+More than one: a pool may hand out several connections that a restart or a
+failover broke before it notices."""
+
 
 # -- executing one call -----------------------------------------------------
 
-def execute_own(conn: Connection, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R]) -> list[R]:
+def execute_own(conn: Connection, query: str, params: Mapping[str, Any],
+                row_factory: BaseRowFactory[R]) -> list[R]:
     """A ledger call that commits by itself when ``conn`` is outside a transaction.
 
     Inside a transaction of the caller it becomes a savepoint of it (psycopg's
@@ -100,61 +127,13 @@ def execute_own(conn: Connection, query: str, params: Mapping[str, Any], row_fac
             return cur.fetchall()
 
 
-def execute_in(conn: Connection, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R]) -> list[R]:
+def execute_in(conn: Connection, query: str, params: Mapping[str, Any],
+               row_factory: BaseRowFactory[R]) -> list[R]:
     """A ledger call that belongs to the caller's transaction on ``conn`` (a fence)."""
-    with translated(), conn.cursor(row_factory=row_factory) as cur:
-        cur.execute(query, params)
-        return cur.fetchall()
-
-
-def jsonb(detail: Mapping[str, Any] | None) -> Jsonb | None:
-    return None if detail is None else Jsonb(dict(detail))
-
-
-def describe(exc: BaseException) -> str:
-    """The text a failed or cancelled run records: ``Type: message``."""
-    text = str(exc)
-    name = type(exc).__qualname__
-    return f"{name}: {text}" if text else name
-
-
-def split_time_left(row: dict[str, Any]) -> tuple[dict[str, Any], timedelta | None]:
-    values = dict(row)
-    return values, values.pop("time_left")
-
-
-def run_start(row: dict[str, Any]) -> tuple[RunStart, timedelta | None]:
-    values, time_left = split_time_left(row)
-    return RunStart(**values), time_left
-
-
-def end_call(run_id: int | None, token: int | None, exc: BaseException | None, error_text: str | None,
-             lost: LeaseLost | None, detail: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The statement that ends a run context, and its parameters.
-
-    A normal exit completes the run, unless the lease is known lost (or its
-    local deadline passed): then the run is failed with the LeaseLost's text,
-    so a success is never recorded by a holder that could not vouch for its
-    lease. An Exception fails it; any other BaseException cancels it.
-    """
-    params: dict[str, Any] = {"run_id": run_id, "token": token}
-    if exc is None and lost is None:
-        params["detail"] = jsonb(detail or None)
-        return queries.COMPLETE_RUN, params
-    if exc is None or isinstance(exc, Exception):
-        reason = exc if exc is not None else lost
-        assert reason is not None
-        params["error"] = error_text or describe(reason)
-        params["detail"] = jsonb(detail or None)
-        return queries.FAIL_RUN, params
-    params["error"] = error_text or describe(exc)
-    return queries.CANCEL_RUN, params
-
-
-def conninfo_of(conn: Connection) -> str:
-    """The conninfo of ``conn`` for a second connection; ``info.dsn`` omits the password."""
-    password = conn.info.password
-    return make_conninfo(conn.info.dsn, password=password) if password else conn.info.dsn
+    with translated():
+        with conn.cursor(row_factory=row_factory) as cur:
+            cur.execute(query, params)
+            return cur.fetchall()
 
 
 # -- fences in the caller's transaction -------------------------------------
@@ -182,6 +161,8 @@ def advance_fence(conn: Connection, job: str, resource: str, token: int) -> bool
     return bool(rows[0])
 
 
+# -- a context's own connection ---------------------------------------------
+
 class _Control:
     """A context's own connection: its start, heartbeats and end, never the caller's transactions.
 
@@ -193,55 +174,83 @@ class _Control:
     so a call stuck in a silent partition ends with LedgerUnavailable.
     """
 
-    def __init__(self, connect: Callable[[float], Connection], give_back: Callable[[Connection], None],
-                 name: str) -> None:
+    def __init__(self, connect: Callable[[float], Connection],
+                 give_back: Callable[[Connection], None], name: str) -> None:
         self._connect = connect
         self._give_back = give_back
         self._conn: Connection | None = None
         self._where = "?"
-        self._lock = threading.Lock()
-        self._watchdog = connecting.Watchdog(name)
+        self._lock = Lock()
+        self._watchdog = Watchdog(name)
         self.timeout = connecting.DEFAULT_CALL_TIMEOUT
         """The statement timeout of each call, seconds (set from the ttl once it is known)."""
+        self.retried = False
+        """Whether the last call was sent again on a new connection (``attempts`` > 1)."""
 
     def execute(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R]) -> list[R]:
         return self.call(query, params, row_factory)[0]
 
     def call(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R], *,
-             bound: float | None = None) -> tuple[list[R], float]:
-        """The rows and the monotonic time the call was sent; ``bound``: give up after that many seconds at most."""
+             bound: float | None = None, attempts: int = 1) -> tuple[list[R], float]:
+        """The rows and the monotonic time the call was sent; ``bound``: give up after that many seconds at most.
+
+        ``attempts`` > 1: when the connection turns out broken (the server went
+        away since it was opened), send the call again on a new one, up to
+        that many times in all. Only for a call whose effect can be looked up
+        afterwards: the first attempt may have taken effect before the
+        connection broke.
+        """
         with self._lock:
-            if self._conn is not None and (self._conn.closed or self._conn.broken):
-                self._release()
-            timeout, limit = connecting.call_bounds(self.timeout, bound)
-            if self._conn is None:
-                # A pool's wait for a connection is bounded too (a heartbeat's by the deadline).
-                self._conn = self._connect(limit if bound is not None else limit + connecting.CONNECT_TIMEOUT)
-                self._where = connecting.where(self._conn)
-            conn = self._conn
-            sent = time.monotonic()
-            key = self._watchdog.arm(sent + limit, lambda: connecting.abort(conn))
-            try:
-                rows = connecting.execute_bounded(conn, query, params, row_factory, timeout)
-            except psycopg.OperationalError as error:
-                if self._watchdog.disarm(key):
-                    raise LedgerUnavailable(
-                        f"no answer from the ledger's database ({self._where}) within "
-                        f"{limit:.3g}s: the connection was given up", {}) from error
-                raise
-            finally:
-                self._watchdog.disarm(key)
-            return rows, sent
+            self.retried = False
+            for attempt in range(1, attempts + 1):
+                try:
+                    return self._call_once(query, params, row_factory, bound)
+                except LedgerUnavailable:
+                    raise  # given up, or no connection: not a broken one to replace
+                except psycopg.OperationalError as error:
+                    conn = self._conn
+                    if attempt == attempts or conn is None or not conn.broken:
+                        raise
+                    log.warning("the connection of a ledger call broke (%s); sending it again on a new one",
+                                first_line(error))
+                    self._release()
+                    self.retried = True
+            raise AssertionError("unreachable")
+
+    def _call_once(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R],
+                   bound: float | None) -> tuple[list[R], float]:
+        if self._conn is not None and (self._conn.closed or self._conn.broken):
+            self._release()
+        timeout, limit = connecting.call_bounds(self.timeout, bound)
+        if self._conn is None:
+            # A pool's wait for a connection is bounded too (a heartbeat's by the deadline).
+            self._conn = self._connect(limit if bound is not None else limit + connecting.CONNECT_TIMEOUT)
+            self._where = connecting.where(self._conn)
+        conn = self._conn
+        sent = time.monotonic()
+        key = self._watchdog.arm(sent + limit, lambda: connecting.abort(conn))
+        try:
+            rows = connecting.execute_bounded(conn, query, params, row_factory, timeout)
+        except psycopg.OperationalError as error:
+            if self._watchdog.disarm(key):
+                raise LedgerUnavailable(
+                    f"no answer from the ledger's database ({self._where}) within "
+                    f"{limit:.3g}s: the connection was given up", {}) from error
+            raise
+        finally:
+            self._watchdog.disarm(key)
+        return rows, sent
 
     def abort(self) -> None:
-        """Give up the call in flight, if any (from another thread): it raises LedgerUnavailable."""
+        """Give up the call in flight, if any: it raises LedgerUnavailable."""
         self._watchdog.fire()
 
     def alarm(self, at: float | None, action: Callable[[], object] | None = None) -> None:
-        """Run ``action`` at monotonic time ``at`` in the watchdog's thread (None: no alarm)."""
+        """Run ``action`` at monotonic time ``at`` in the watchdog (None: no alarm)."""
         self._watchdog.alarm(at, action)
 
     def close(self) -> None:
+        self._watchdog.alarm(None)
         with self._lock:
             self._release()
         self._watchdog.close()
@@ -255,6 +264,119 @@ class _Control:
                 log.debug("closing a context connection failed", exc_info=True)
 
 
+class _AsyncSpares:
+    """The own connections of an ``Ledger(conn)``'s contexts, kept open for the next context.
+
+    A context takes one for its life and gives it back; up to ``KEEP`` idle
+    ones stay open, so a run costs no new connection (the connection it gives
+    back is in no transaction: every call commits by itself). One that broke
+    meanwhile (a server restart) is replaced on the context's next call
+    (:meth:`_Control.call`); a start on a connection the server closed
+    while it was idle fails once, like a pool's.
+    """
+
+    KEEP = 4
+
+    def __init__(self, connect: Callable[[], Connection]) -> None:
+        self._connect = connect
+        self._idle: list[Connection] = []
+
+    def take(self, timeout: float) -> Connection:  # bounded by connect_timeout instead
+        while True:
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                return self._connect()
+            if not conn.closed and not conn.broken:
+                return conn
+
+    def give_back(self, conn: Connection) -> None:
+        idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        if conn.closed or conn.broken or not idle or len(self._idle) >= self.KEEP:
+            conn.close()
+        else:
+            self._idle.append(conn)
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+
+# -- the heartbeat ------------------------------------------------------------
+
+class Heartbeat:
+    """Calls ``beat`` every ``interval`` seconds, beside the body, until stopped or lost.
+
+    ``beat`` returns a :class:`~ledger.heartbeat.Renewal`; the heartbeat keeps
+    ``state.deadline`` and wakes up at it at the latest, so a lease that
+    nothing renewed is marked lost on time even when no call fails (a beat
+    stuck in a call is ended by its connection's own bound, at the deadline
+    at the latest). It runs as a daemon thread.
+    """
+
+    def __init__(self, *, beat: Callable[[], Renewal], interval: float, state: LeaseState, name: str,
+                 renewed: Callable[[float], object] | None = None) -> None:
+        assert state.deadline is not None
+        self._beat = beat
+        self._renewed = renewed  # told the new deadline (the context's alarm)
+        self._interval = interval
+        self._deadline = state.deadline
+        self._state = state
+        self._name = name
+        self._stop = Event()
+        self._busy = Lock()  # held for one round: the check for stop, the beat, what it learnt
+        self._worker: Any = None
+
+    def start(self) -> None:
+        self._worker = spawn(self._run, self._name)
+
+    def stop(self) -> None:
+        """Stop: once this returns no beat starts and none is in flight (the wait is an event: no delay).
+
+        A beat in flight is waited for; a heartbeat waiting for its next beat is
+        not (it ends by itself when it wakes, touching nothing), so a context
+        whose run was shorter than the interval never waits for a thread.
+        """
+        self._stop.set()
+        if self._worker is None or in_thread(self._worker):
+            return
+        with self._busy:
+            pass
+
+    def _run(self) -> None:
+        wait = self._interval
+        while not wait_event(self._stop, min(wait, self._deadline.remaining())):
+            with self._busy:
+                if self._stop.is_set():
+                    return
+                next_wait = self._round()
+            if next_wait is None:
+                return
+            wait = next_wait
+
+    def _round(self) -> float | None:
+        """One beat: seconds to the next, or None when the lease is lost (or found lost first)."""
+        # A fence or check found it lost first (stop keeping others out), or the deadline passed.
+        if self._state.check_lost():
+            return None
+        try:
+            renewal = self._beat()
+        except LedgerUnavailable as error:  # no answer: connection trouble, not the ledger's verdict
+            return retry_or_lose(self._deadline, self._interval, self._state, error)
+        except LedgerError as error:
+            self._state.mark_lost("the ledger refused the heartbeat", error)
+            return None
+        except Exception as error:
+            return retry_or_lose(self._deadline, self._interval, self._state, error)
+        if renewal.time_left is None:
+            self._state.mark_lost("the heartbeat found the lease taken or ended")
+            return None
+        self._deadline.renewed(renewal.time_left, renewal.sent_at)
+        if self._renewed is not None:
+            self._renewed(self._deadline.at)
+        return self._interval
+
+
 # -- contexts ---------------------------------------------------------------
 
 class _Holding:
@@ -262,9 +384,11 @@ class _Holding:
 
     def __init__(self, ledger: Ledger, job: str, on_lost: OnLost | None) -> None:
         self._ledger = ledger
-        self.lost = threading.Event()
+        self.lost = Event()
         """Set as soon as the lease is known lost (by a heartbeat, a fence or the end)."""
-        self._state = LeaseState(job, ledger.owner, on_lost, signal=self.lost.set)
+        self._callbacks: set[Any] = set()  # on_lost results still running
+        self._state = LeaseState(job, ledger.owner, on_lost, signal=self.lost.set,
+                                 dispatch=functools.partial(keep_result, pending=self._callbacks))
         self._control: _Control | None = None
         self._heartbeat: Heartbeat | None = None
         self._open = False
@@ -361,7 +485,8 @@ class _Holding:
         return "not entered"
 
     def _start_heartbeat(self, interval: timedelta | None, ttl: timedelta | None,
-                         time_left: timedelta | None, sent_at: float, beat: Callable[[], Renewal]) -> None:
+                         time_left: timedelta | None, sent_at: float,
+                         beat: Callable[[], Renewal]) -> None:
         assert time_left is not None and self._control is not None
         control = self._control
         deadline = self._state.deadline = Deadline(time_left, sent_at)
@@ -420,20 +545,24 @@ class RunContext(_Holding):
     That is not an error: nothing is logged as failed.
 
     On exit: normal exit completes the run; an Exception fails it with the
-    exception's text and propagates; KeyboardInterrupt, SystemExit and other
-    BaseExceptions cancel it (``failure_reason = 'cancelled'``) and propagate.
-    When the ledger refuses to complete because the lease was lost (LD001,
-    LD003), a normal exit raises LeaseLost. ``result`` is the ended run's row.
-    ``detail`` (a dict the body may fill) is merged into the run's detail.
+    exception's text and propagates; KeyboardInterrupt, SystemExit and
+    other BaseExceptions (the async client: a cancelled task's
+    CancelledError) cancel it (``failure_reason = 'cancelled'``) and
+    propagate. When the ledger refuses
+    to complete because the lease was lost (LD001, LD003), a normal exit
+    raises LeaseLost. ``result`` is the ended run's row. ``detail`` (a dict
+    the body may fill) is merged into the run's detail.
     """
 
     def __init__(self, ledger: Ledger, job: str, *, ttl: timedelta | None = None,
                  slot: datetime | None = None, idempotency_key: str | None = None,
                  detail: Mapping[str, Any] | None = None, heartbeat_interval: timedelta | None = None,
-                 on_lost: OnLost | None = None, due: bool = False) -> None:
+                 on_lost: OnLost | None = None, due: bool = False,
+                 backfill: tuple[datetime, datetime] | None = None) -> None:
         super().__init__(ledger, job, on_lost)
         self._ttl = ttl
         self._slot = slot
+        self._backfill = backfill
         self._idempotency_key = idempotency_key
         self._start_detail = detail
         self._heartbeat_interval = heartbeat_interval
@@ -495,8 +624,12 @@ class RunContext(_Holding):
         control = self._ledger._open_control(self.job)
         self._control = control
         try:
-            if self._due:
-                params: dict[str, Any] = {"job": self.job, "owner": self.owner, "ttl": self._ttl}
+            if self._backfill is not None:  # ledger.backfill: the oldest slot of the range not done
+                params: dict[str, Any] = {"job": self.job, "owner": self.owner, "ttl": self._ttl,
+                                          "from_slot": self._backfill[0], "to_slot": self._backfill[1]}
+                rows, sent = control.call(queries.BACKFILL, params, dict_row)
+            elif self._due:
+                params = {"job": self.job, "owner": self.owner, "ttl": self._ttl}
                 rows, sent = control.call(queries.START_DUE_RUN, params, dict_row)
             else:
                 params = {"job": self.job, "owner": self.owner, "ttl": self._ttl, "slot": self._slot,
@@ -534,7 +667,7 @@ class RunContext(_Holding):
         assert self._control is not None
         query, params = end_call(self.run_id, self.token, exc, error_text, lost, self.detail)
         try:
-            self.result = self._control.execute(query, params, class_row(Run))[0]
+            self.result = self._record_end(self._control, query, params)
         except (LeaseSuperseded, RunNotRunning) as error:
             refused = self._state.mark_lost("the ledger refused to end the run", error)
             if exc is None:
@@ -549,6 +682,19 @@ class RunContext(_Holding):
         if exc is None and lost is not None:
             raise lost
 
+    def _record_end(self, control: _Control, query: str, params: Mapping[str, Any]) -> Run:
+        """Send the end; on a broken connection again on a new one, where the run's row tells what happened."""
+        try:
+            rows, _ = control.call(query, params, class_row(Run), attempts=END_ATTEMPTS)
+            return rows[0]
+        except (LeaseSuperseded, RunNotRunning):
+            if control.retried:
+                # The attempt whose connection broke may have ended the run already: then it is ours.
+                rows = control.execute(queries.GET_RUN, {"run_id": self.run_id}, class_row(Run))
+                if rows and ended_by_us(rows[0], query, self.token):
+                    return rows[0]
+            raise
+
 
 class LeaseContext(_Holding):
     """A plain lease (``acquire``/``renew``/``release``), without the execution log.
@@ -560,10 +706,10 @@ class LeaseContext(_Holding):
     """
 
     def __init__(self, ledger: Ledger, job: str, *, ttl: timedelta | None = None,
-                 renew_interval: timedelta | None = None, on_lost: OnLost | None = None) -> None:
+                 heartbeat_interval: timedelta | None = None, on_lost: OnLost | None = None) -> None:
         super().__init__(ledger, job, on_lost)
         self._ttl = ttl
-        self._renew_interval = renew_interval
+        self._heartbeat_interval = heartbeat_interval
         self._entered = False
         self.lease: Lease | None = None
         """The ``ledger.lease`` row when acquired."""
@@ -588,8 +734,8 @@ class LeaseContext(_Holding):
         control = self._ledger._open_control(self.job)
         self._control = control
         try:
-            rows, sent = control.call(queries.ACQUIRE, {"job": self.job, "owner": self.owner, "ttl": self._ttl},
-                                      dict_row)
+            rows, sent = control.call(
+                queries.ACQUIRE, {"job": self.job, "owner": self.owner, "ttl": self._ttl}, dict_row)
         except BaseException:
             control.close()
             raise
@@ -601,7 +747,7 @@ class LeaseContext(_Holding):
         self._state.token = self.lease.token
         self._open = True
         try:
-            self._start_heartbeat(self._renew_interval, self._ttl, time_left, sent, self._renew)
+            self._start_heartbeat(self._heartbeat_interval, self._ttl, time_left, sent, self._renew)
         except BaseException:
             self._release(None)
             raise
@@ -621,8 +767,8 @@ class LeaseContext(_Holding):
         lost = self._state.lost_error() if self._stop_heartbeat() else None
         assert self._control is not None
         try:
-            self.released = bool(self._control.execute(
-                queries.RELEASE, {"job": self.job, "owner": self.owner, "token": self.token}, scalar_row)[0])
+            params = {"job": self.job, "owner": self.owner, "token": self.token}
+            self.released = bool(self._control.execute(queries.RELEASE, params, scalar_row)[0])
         except Exception as error:
             if exc is None and lost is None:
                 raise
@@ -648,8 +794,8 @@ class ScheduledJob(Generic[P, T]):
     that run and propagates.
     """
 
-    def __init__(self, ledger: Ledger, fn: Callable[Concatenate[RunContext, P], T], *, job: str,
-                 schedule: str | None, ttl: timedelta | None, max_backfill: int, time_zone: str,
+    def __init__(self, ledger: Ledger, fn: Callable[Concatenate[RunContext, P], T], *,
+                 job: str, schedule: str | None, ttl: timedelta | None, max_backfill: int, time_zone: str,
                  heartbeat_interval: timedelta | None, on_lost: OnLost | None) -> None:
         self.ledger = ledger
         self.fn = fn
@@ -661,7 +807,7 @@ class ScheduledJob(Generic[P, T]):
         self._heartbeat_interval = heartbeat_interval
         self._on_lost = on_lost
         self._registered = False
-        self._lock = threading.Lock()
+        self._lock = Lock()
         functools.update_wrapper(self, fn)
 
     def register(self) -> Job:
@@ -689,13 +835,13 @@ class Ledger:
 
     ``owner`` defaults to :func:`ledger.identity.default_owner`
     (``hostname:pid:random``, new in a forked child). ``heartbeat_conninfo``
-    (Connection only) is where contexts open their own connection, when the
-    connection's own conninfo will not do (e.g. a password from a callback);
-    that connection takes the caller's connection's ``prepare_threshold``.
-    ``pool_kwargs`` (conninfo only) go to the ConnectionPool the ledger opens;
-    its ``kwargs`` go over the ledger's connection settings (autocommit,
-    ``prepare_threshold=None``, TCP keepalives, a connect timeout: see
-    :mod:`ledger.connect`).
+    (Connection only) is where contexts open their own connection, when
+    the connection's own conninfo will not do (a multi-host conninfo, a
+    password from a callback); that connection takes the caller's
+    connection's ``prepare_threshold``. ``pool_kwargs`` (conninfo only) go to
+    the ConnectionPool the ledger opens; its ``kwargs`` go over the
+    ledger's connection settings (autocommit, ``prepare_threshold=None``, TCP
+    keepalives, a connect timeout: see :mod:`ledger.connect`).
 
     From a conninfo string the ledger checks one connection first and waits
     for its pool: LedgerUnavailable (naming host and port) when the database
@@ -710,32 +856,55 @@ class Ledger:
         self._conn: Connection | None = None
         self._pool: ConnectionPool[Any] | None = None
         self._owns_pool = False
+        self._pool_opened = False
+        self._opening = Lock()
         self._heartbeat_conninfo: str | None = None
+        self._spares: _AsyncSpares | None = None  # the contexts' own connections, for Ledger(conn)
         if heartbeat_conninfo is not None and not isinstance(source, psycopg.Connection):
             raise TypeError("heartbeat_conninfo applies to a Ledger over a Connection only")
         if isinstance(source, str):
-            self._pool = connecting.open_pool(source, pool_kwargs or {})
+            self._pool = connecting.make_pool(source, pool_kwargs or {})
             self._owns_pool = True
+            # At once: a wrong DSN fails here, not on the first call (unless the caller said open=False).
+            if (pool_kwargs or {}).get("open", True):
+                self.open()
         elif isinstance(source, psycopg.Connection):
             self._conn = source
-            self._heartbeat_conninfo = heartbeat_conninfo or conninfo_of(source)
+            self._heartbeat_conninfo = heartbeat_conninfo if heartbeat_conninfo is not None else conninfo_of(source)
         elif isinstance(source, ConnectionPool):
             self._pool = source
         else:
             raise TypeError(
-                "Ledger takes a psycopg Connection, a psycopg_pool ConnectionPool or a conninfo string "
-                f"(use ledger.aio.AsyncLedger for async connections), not {type(source).__name__}")
+                "Ledger takes a psycopg Connection, a psycopg_pool ConnectionPool or a conninfo "
+                "string (ledger.Ledger takes sync ones, ledger.AsyncLedger async ones), "
+                f"not {type(source).__name__}")
 
     @property
     def owner(self) -> str:
         return self._owner if self._owner is not None else default_owner()
 
+    def open(self) -> None:
+        """Open the pool the ledger owns (done on first use anyway); LedgerUnavailable when it cannot connect."""
+        if not self._owns_pool or self._pool_opened:
+            return
+        assert self._pool is not None
+        with self._opening:
+            if not self._pool_opened:
+                connecting.open_pool(self._pool)
+                self._pool_opened = True
+
     def close(self) -> None:
-        """Close the pool the ledger opened from a conninfo string (a caller's pool or connection stays open)."""
+        """Close what the ledger opened: the pool from a conninfo string, the spare context connections.
+
+        A caller's pool or connection stays open.
+        """
         if self._owns_pool and self._pool is not None:
             self._pool.close()
+        if self._spares is not None:
+            self._spares.close()
 
     def __enter__(self) -> Ledger:
+        self.open()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -748,57 +917,72 @@ class Ledger:
         if self._conn is not None:
             return execute_own(self._conn, query, params, row_factory)
         assert self._pool is not None
+        self.open()
         with self._pool.connection() as conn:
             return execute_own(conn, query, params, row_factory)
 
     def _open_control(self, job: str) -> _Control:
         name = f"ledger-watchdog:{job}"
         if self._pool is not None:
-            return _Control(self._pool.getconn, self._pool.putconn, name)  # getconn(timeout)
-        conninfo = self._heartbeat_conninfo
-        assert conninfo is not None and self._conn is not None
-        # Derived from the caller's connection: its prepare_threshold (behind a
-        # transaction pooler it is None), always autocommit (one call, one transaction).
-        prepare_threshold = self._conn.prepare_threshold
+            self.open()
+            pool = self._pool
+            return _Control(pool.getconn, pool.putconn, name)  # getconn(timeout)
+        if self._spares is None:
+            conninfo = self._heartbeat_conninfo
+            assert conninfo is not None and self._conn is not None
+            # Derived from the caller's connection: its prepare_threshold (behind a
+            # transaction pooler it is None), always autocommit (one call, one transaction).
+            prepare_threshold = self._conn.prepare_threshold
 
-        def connect(timeout: float) -> Connection:  # bounded by connect_timeout instead
-            return connecting.connect(conninfo, prepare_threshold=prepare_threshold)
+            def connect() -> Connection:  # bounded by connect_timeout
+                return connecting.connect(conninfo, prepare_threshold=prepare_threshold)
 
-        return _Control(connect, lambda conn: conn.close(), name)
+            self._spares = _AsyncSpares(connect)
+        return _Control(self._spares.take, self._spares.give_back, name)
 
     # -- contexts ---------------------------------------------------------------
 
     def run(self, job: str, *, ttl: timedelta | None = None, slot: datetime | None = None,
             idempotency_key: str | None = None, detail: Mapping[str, Any] | None = None,
             heartbeat_interval: timedelta | None = None, on_lost: OnLost | None = None) -> RunContext:
-        """A run of ``job`` as a context manager (see :class:`RunContext`).
+        """A run of ``job`` as a context manager, ``with`` (see :class:`RunContext`).
 
         ``ttl`` None means the job's registered ttl. Heartbeats every
         ``heartbeat_interval`` (default ttl/3). ``on_lost`` is called once, in
-        the thread that finds the lease lost (usually the heartbeat thread).
+        the thread that finds it, when the lease is found lost.
         """
         return RunContext(self, job, ttl=ttl, slot=slot, idempotency_key=idempotency_key, detail=detail,
                           heartbeat_interval=heartbeat_interval, on_lost=on_lost)
 
-    def lease(self, job: str, *, ttl: timedelta | None = None, renew_interval: timedelta | None = None,
-              on_lost: OnLost | None = None) -> LeaseContext:
-        """A plain lease of ``job`` as a context manager (see :class:`LeaseContext`)."""
-        return LeaseContext(self, job, ttl=ttl, renew_interval=renew_interval, on_lost=on_lost)
+    def lease(self, job: str, *, ttl: timedelta | None = None, heartbeat_interval: timedelta | None = None,
+              on_lost: OnLost | None = None, renew_interval: timedelta | None = None) -> LeaseContext:
+        """A plain lease of ``job`` as a context manager, ``with`` (see :class:`LeaseContext`).
 
-    def catch_up(self, job: str, *, ttl: timedelta | None = None, heartbeat_interval: timedelta | None = None,
+        Renewed every ``heartbeat_interval`` (default ttl/3), the same knob as
+        a run's. ``renew_interval`` is its old name, deprecated.
+        """
+        if renew_interval is not None:
+            warnings.warn("lease(renew_interval=...) is deprecated: use heartbeat_interval=...",
+                          DeprecationWarning, stacklevel=2)
+            heartbeat_interval = renew_interval if heartbeat_interval is None else heartbeat_interval
+        return LeaseContext(self, job, ttl=ttl, heartbeat_interval=heartbeat_interval, on_lost=on_lost)
+
+    def catch_up(self, job: str, *, ttl: timedelta | None = None,
+                 heartbeat_interval: timedelta | None = None,
                  on_lost: OnLost | None = None) -> Iterator[RunContext]:
         """Started runs of ``job``'s due slots, oldest first, one at a time (``start_due_run``).
 
-        Use each with ``with run:`` so that an exception fails it. Each run is
-        started before it is yielded (its heartbeat runs). The loop ends when
-        ``start_due_run`` answers anything but ``started`` (``nothing_due``,
-        ``skipped_overlap``, ``paused``), and after a run that did not end in
-        success, so a failing slot is retried on the next call, not in a tight
-        loop. A run the loop body left open is completed when the loop moves
-        on, and cancelled when the loop is abandoned.
+        Use each with ``with run:`` so that an exception fails it. Each
+        run is started before it is yielded (its heartbeat runs). The loop ends
+        when ``start_due_run`` answers anything but ``started``
+        (``nothing_due``, ``skipped_overlap``, ``paused``), and after a run
+        that did not end in success, so a failing slot is retried on the next
+        call, not in a tight loop. A run the loop body left open is completed
+        when the loop moves on, and cancelled when the loop is abandoned.
         """
         while True:
-            run = RunContext(self, job, ttl=ttl, heartbeat_interval=heartbeat_interval, on_lost=on_lost, due=True)
+            run = RunContext(self, job, ttl=ttl, heartbeat_interval=heartbeat_interval, on_lost=on_lost,
+                             due=True)
             run._begin()
             if not run.started:
                 return
@@ -816,8 +1000,8 @@ class Ledger:
                 return
 
     def job(self, job: str, *, schedule: str | None = None, ttl: timedelta | None = None, max_backfill: int = 1,
-            time_zone: str = "UTC", heartbeat_interval: timedelta | None = None,
-            on_lost: OnLost | None = None) -> Callable[[Callable[Concatenate[RunContext, P], T]], ScheduledJob[P, T]]:
+            time_zone: str = "UTC", heartbeat_interval: timedelta | None = None, on_lost: OnLost | None = None,
+            ) -> Callable[[Callable[Concatenate[RunContext, P], T]], ScheduledJob[P, T]]:
         """Decorator: register ``fn`` as scheduled job ``job``; calling it runs the due slots."""
 
         def decorate(fn: Callable[Concatenate[RunContext, P], T]) -> ScheduledJob[P, T]:
@@ -892,10 +1076,38 @@ class Ledger:
         return int(self._call(queries.REAP_EXPIRED, {"job": job}, scalar_row)[0])
 
     def register_job(self, job: str, *, schedule: str | None = None, ttl: timedelta | None = None,
-                     max_backfill: int = 1, time_zone: str = "UTC") -> Job:
+                     max_backfill: int | None = None, time_zone: str | None = None,
+                     late_after: timedelta | None = None, down_after: timedelta | None = None,
+                     min_runtime: timedelta | None = None, max_runtime: timedelta | None = None,
+                     pause_after_failures: int | None = None) -> Job:
+        """Register ``job``, or change the options given of a registered job.
+
+        An option left None keeps what the job has (a first registration: no
+        schedule, no ttl, ``max_backfill`` 1, UTC, no health bounds); a bound
+        of ``timedelta(0)`` (``pause_after_failures`` 0) clears it.
+        """
         params = {"job": job, "schedule": schedule, "ttl": ttl, "max_backfill": max_backfill,
-                  "time_zone": time_zone}
+                  "time_zone": time_zone, "late_after": late_after, "down_after": down_after,
+                  "min_runtime": min_runtime, "max_runtime": max_runtime,
+                  "pause_after_failures": pause_after_failures}
         return self._call(queries.REGISTER_JOB, params, class_row(Job))[0]
+
+    def unregister_job(self, job: str, *, with_history: bool = False) -> bool:
+        """Remove ``job``'s registration (``ledger.unregister_job``); with ``with_history`` its runs and
+        counters too. Refused (InvalidArgument) while a run of the job is live."""
+        params = {"job": job, "with_history": with_history}
+        return bool(self._call(queries.UNREGISTER_JOB, params, scalar_row)[0])
+
+    def force_release(self, job: str) -> int | None:
+        """Release ``job``'s lease whoever holds it (``ledger.force_release``): the new token, which
+        supersedes the holder's; None when the job never held a lease."""
+        row = self._call(queries.FORCE_RELEASE, {"job": job}, scalar_row)[0]
+        return None if row is None else int(row)
+
+    def request_cancel(self, run_id: int) -> bool:
+        """Ask a running run to stop (``ledger.request_cancel``): its holder's next heartbeat ends it
+        as cancelled and marks it lost. True when this call made the request."""
+        return bool(self._call(queries.REQUEST_CANCEL, {"run_id": run_id}, scalar_row)[0])
 
     def pause_job(self, job: str) -> bool:
         return bool(self._call(queries.PAUSE_JOB, {"job": job}, scalar_row)[0])
@@ -917,4 +1129,3 @@ class Ledger:
 
     def purge_log(self, older_than: timedelta) -> int:
         return int(self._call(queries.PURGE_LOG, {"older_than": older_than}, scalar_row)[0])
-

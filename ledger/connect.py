@@ -19,7 +19,7 @@ context's own connection, the ``jobledger`` commands, metrics, reports):
   noticed, a connection attempt into a black hole ends.
 
 A context's own connection also bounds each call (:func:`execute_bounded`,
-:class:`Watchdog`): a ``statement_timeout`` sent with the call itself, local
+:class:`ledger.watchdog.Watchdog`): a ``statement_timeout`` sent with the call itself, local
 to its transaction (``set_config(..., true)`` in the same simple-protocol
 query string, so it is neither session state a transaction pooler would
 leak nor a startup parameter PgBouncer refuses), and a client-side bound
@@ -33,13 +33,9 @@ naming host and port, never the password.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import os
 import socket
-import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -49,12 +45,12 @@ from psycopg.rows import BaseRowFactory
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from ledger.errors import LedgerUnavailable, translated
+from ledger.text import first_line
 
 __all__ = [
     "CONNECT_TIMEOUT",
     "PREPARE_THRESHOLD",
     "TCP_PARAMS",
-    "Watchdog",
     "abort",
     "call_bounds",
     "call_timeout",
@@ -63,6 +59,8 @@ __all__ = [
     "connection_kwargs",
     "execute_bounded",
     "execute_bounded_async",
+    "make_async_pool",
+    "make_pool",
     "open_async_pool",
     "open_pool",
     "unavailable",
@@ -167,43 +165,45 @@ def _pool_options(conninfo: str, options: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def open_pool(conninfo: str, options: Mapping[str, Any]) -> ConnectionPool[Any]:
-    """The ConnectionPool of ``Ledger(dsn)``: checked and open, or LedgerUnavailable at once.
+def make_pool(conninfo: str, options: Mapping[str, Any]) -> ConnectionPool[Any]:
+    """The ConnectionPool of ``Ledger(dsn)``, not yet open (see :func:`open_pool`).
 
     ``options`` are ConnectionPool arguments (``pool_kwargs``); their
-    ``kwargs`` go over the ledger's connection settings. Unless ``open`` is
-    False, one connection is made first (so a wrong DSN fails now, with its
-    reason, not as a PoolTimeout on the first call), then the pool is opened
-    and waited for.
+    ``kwargs`` go over the ledger's connection settings; ``open`` is the
+    ledger's to decide.
     """
     merged = _pool_options(conninfo, options)
-    open_now = bool(merged.pop("open", True))
-    kwargs = merged["kwargs"]
-    if open_now:
-        _probe(conninfo, kwargs)
-    pool: ConnectionPool[Any] = ConnectionPool(conninfo, open=False, **merged)
-    if open_now:
-        try:
-            pool.open(wait=True, timeout=POOL_OPEN_TIMEOUT)
-        except PoolTimeout as error:  # the pool is closed by then
-            raise unavailable(conninfo, error, kwargs) from error
-    return pool
+    merged.pop("open", None)
+    return ConnectionPool(conninfo, open=False, **merged)
 
 
-def async_pool(conninfo: str, options: Mapping[str, Any]) -> AsyncConnectionPool[Any]:
+def make_async_pool(conninfo: str, options: Mapping[str, Any]) -> AsyncConnectionPool[Any]:
     """The AsyncConnectionPool of ``AsyncLedger(dsn)``, not yet open (see :func:`open_async_pool`)."""
     merged = _pool_options(conninfo, options)
     merged.pop("open", None)
     return AsyncConnectionPool(conninfo, open=False, **merged)
 
 
-async def open_async_pool(pool: AsyncConnectionPool[Any]) -> None:
-    """Check one connection, then open ``pool`` (from :func:`async_pool`) and wait for it.
+def open_pool(pool: ConnectionPool[Any]) -> None:
+    """Check one connection, then open ``pool`` and wait for it; LedgerUnavailable when either fails.
 
-    LedgerUnavailable when either fails.
+    The check makes a wrong DSN fail now, with its reason, rather than as a
+    PoolTimeout on the first call.
     """
-    assert isinstance(pool.conninfo, str) and isinstance(pool.kwargs, dict)
-    conninfo, kwargs = pool.conninfo, dict(pool.kwargs)
+    conninfo, kwargs = _pool_target(pool.conninfo, pool.kwargs)
+    try:
+        psycopg.Connection.connect(conninfo, **kwargs).close()
+    except psycopg.OperationalError as error:
+        raise unavailable(conninfo, error, kwargs) from error
+    try:
+        pool.open(wait=True, timeout=POOL_OPEN_TIMEOUT)
+    except PoolTimeout as error:  # the pool is closed by then
+        raise unavailable(conninfo, error, kwargs) from error
+
+
+async def open_async_pool(pool: AsyncConnectionPool[Any]) -> None:
+    """The async :func:`open_pool`."""
+    conninfo, kwargs = _pool_target(pool.conninfo, pool.kwargs)
     try:
         probe = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
     except psycopg.OperationalError as error:
@@ -215,11 +215,9 @@ async def open_async_pool(pool: AsyncConnectionPool[Any]) -> None:
         raise unavailable(conninfo, error, kwargs) from error
 
 
-def _probe(conninfo: str, kwargs: Mapping[str, Any]) -> None:
-    try:
-        psycopg.Connection.connect(conninfo, **kwargs).close()
-    except psycopg.OperationalError as error:
-        raise unavailable(conninfo, error, kwargs) from error
+def _pool_target(conninfo: object, kwargs: object) -> tuple[str, dict[str, Any]]:
+    assert isinstance(conninfo, str) and isinstance(kwargs, dict)  # a pool made by make_pool
+    return conninfo, dict(kwargs)
 
 
 def _parse(conninfo: str) -> dict[str, Any]:
@@ -239,8 +237,7 @@ def unavailable(conninfo: str, error: BaseException, kwargs: Mapping[str, Any] |
     port = str(params.get("port") or os.environ.get("PGPORT") or "5432")
     dbname = params.get("dbname") or os.environ.get("PGDATABASE")
     user = params.get("user") or os.environ.get("PGUSER")
-    lines = str(error).strip().splitlines()
-    reason = lines[0] if lines else type(error).__name__
+    reason = first_line(error)
     facts = {"host": host, "port": port, "dbname": dbname, "user": user}
     return LedgerUnavailable(f"{what} at host {host}, port {port}: {reason}", facts)
 
@@ -323,114 +320,3 @@ async def _client_fetch_async(conn: psycopg.AsyncConnection[Any], text: str, val
         cur.row_factory = row_factory
         rows: list[R] = await cur.fetchall()
         return rows
-
-
-class Watchdog:
-    """Runs an action when a call is still going at its bound; also one alarm. One thread, started on first use.
-
-    ``arm(at, action)`` returns a key; ``disarm(key)`` returns True when the
-    action ran (the call was given up). Such an action (:func:`abort`) runs
-    under the watchdog's lock, so once ``disarm`` returned it cannot run any
-    more (a connection closed after the call is never touched). ``fire()``
-    runs the armed actions now. ``alarm(at, action)`` sets the one alarm
-    (replacing the previous one; None clears it); it runs outside the lock,
-    in the watchdog's thread (a context's lease deadline: it marks the lease
-    lost on time even while a heartbeat is stuck). ``close()`` stops the
-    thread.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int]] = []
-        self._actions: dict[int, Callable[[], object]] = {}
-        self._fired: set[int] = set()
-        self._alarm: int | None = None
-        self._keys = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-
-    def arm(self, at: float, action: Callable[[], object]) -> int:
-        with self._cond:
-            return self._arm(at, action)
-
-    def _arm(self, at: float, action: Callable[[], object]) -> int:
-        key = next(self._keys)
-        self._actions[key] = action
-        heapq.heappush(self._heap, (at, key))
-        if self._thread is None and not self._closed:
-            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            self._thread.start()
-        self._cond.notify()
-        return key
-
-    def disarm(self, key: int) -> bool:
-        with self._cond:
-            self._actions.pop(key, None)
-            if key in self._fired:
-                self._fired.discard(key)
-                return True
-            return False
-
-    def alarm(self, at: float | None, action: Callable[[], object] | None = None) -> None:
-        with self._cond:
-            if self._alarm is not None:
-                self._actions.pop(self._alarm, None)
-                self._alarm = None
-            if at is not None and action is not None and not self._closed:
-                self._alarm = self._arm(at, action)
-
-    def fire(self) -> None:
-        """Run the actions of the armed calls now (not the alarm)."""
-        with self._cond:
-            for key in [key for key in self._actions if key != self._alarm]:
-                self._run_action(key)
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._actions.clear()
-            self._alarm = None
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def _run_action(self, key: int) -> None:
-        action = self._actions.pop(key, None)
-        if action is None:
-            return
-        self._fired.add(key)
-        try:
-            action()
-        except Exception:  # the call ends anyway, by its own error
-            log.debug("giving up a call failed", exc_info=True)
-
-    def _run(self) -> None:
-        while True:
-            alarm: Callable[[], object] | None = None
-            with self._cond:
-                while alarm is None and not self._closed:
-                    while self._heap and self._heap[0][1] not in self._actions:
-                        heapq.heappop(self._heap)  # disarmed
-                    if not self._heap:
-                        self._cond.wait()
-                        continue
-                    at, key = self._heap[0]
-                    remaining = at - time.monotonic()
-                    if remaining > 0:
-                        self._cond.wait(remaining)
-                        continue
-                    heapq.heappop(self._heap)
-                    if key == self._alarm:
-                        self._alarm = None
-                        alarm = self._actions.pop(key, None)
-                    else:
-                        self._run_action(key)
-                if self._closed:
-                    return
-            if alarm is not None:
-                try:
-                    alarm()
-                except Exception:
-                    log.exception("a lease deadline alarm failed")

@@ -46,7 +46,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from ledger import embedded, lookups, render
+from ledger import embedded, lookups, queries, render
 from ledger.client import Ledger, fence
 from ledger.durations import format_duration
 from ledger.errors import LedgerError
@@ -80,7 +80,7 @@ def main(dsn: str | None, *, speed: float = 1.0, out: Console | None = None) -> 
     else:
         dsn = dsn or ""
         with psycopg.connect(dsn) as conn:  # a database of yours: never installed behind your back
-            row = conn.execute("SELECT to_regprocedure('ledger.start_due_run(text, text, interval)')").fetchone()
+            row = conn.execute(queries.LEDGER_INSTALLED).fetchone()
         if not row or row[0] is None:
             shown = embedded.mask_password(dsn) or "the PG* variables' database"
             out.print(f"the ledger is not installed in {shown} (or is too old): run `jobledger install --dsn ...` "
@@ -108,7 +108,7 @@ def scratch_database(out: Console) -> Iterator[tuple[str, str, str]]:
     name = f"{DEMO_DATABASE}_{secrets.token_hex(4)}"
     maintenance = _maintenance_dsn()
     with psycopg.connect(maintenance, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL(queries.CREATE_DATABASE).format(sql.Identifier(name)))
         server = f"{conn.info.host}:{conn.info.port}"
     dsn = make_conninfo("", dbname=name)
     try:
@@ -120,7 +120,7 @@ def scratch_database(out: Console) -> Iterator[tuple[str, str, str]]:
             migrate.downgrade(dsn, "base")
         finally:
             with psycopg.connect(maintenance, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+                conn.execute(sql.SQL(queries.DROP_DATABASE).format(sql.Identifier(name)))
 
 
 @dataclass
@@ -178,7 +178,7 @@ class Demo:
             self.say(f"   [bold red]unexpected:[/bold red] {problem}")
 
     def db_now(self) -> datetime:
-        row = self.conn.execute("SELECT clock_timestamp()").fetchone()
+        row = self.conn.execute(queries.DATABASE_NOW).fetchone()
         assert row is not None
         value: datetime = row[0]
         return value

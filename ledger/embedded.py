@@ -25,6 +25,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from ledger import queries
+
 
 HOME_ENV = "LEDGER_HOME"
 DATABASE = "jobledger"
@@ -116,11 +118,11 @@ def ensure_database(server_dsn: str, database: str, *, fresh: bool = False) -> N
     maintenance = with_database(server_dsn, "postgres")
     with psycopg.connect(maintenance, autocommit=True) as conn:
         if fresh:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
-        elif conn.execute("SELECT FROM pg_database WHERE datname = %s", (database,)).fetchone():
+            conn.execute(sql.SQL(queries.DROP_DATABASE).format(sql.Identifier(database)))
+        elif conn.execute(queries.DATABASE_EXISTS, {"database": database}).fetchone():
             return
         try:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+            conn.execute(sql.SQL(queries.CREATE_DATABASE).format(sql.Identifier(database)))
         except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
             pass  # a concurrent jobledger created it first
 
@@ -130,11 +132,10 @@ def ensure_installed(dsn: str) -> list[str]:
     from ledger import migrate  # alembic: only when the embedded server is used
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT to_regclass('ledger.alembic_version') IS NOT NULL").fetchone()
+        row = conn.execute(queries.HAS_REVISION_TABLE).fetchone()
         revision = None
         if row and row[0]:
-            found = conn.execute("SELECT version_num FROM ledger.alembic_version").fetchone()
+            found = conn.execute(queries.INSTALLED_REVISION).fetchone()
             revision = found[0] if found else None
     if revision == migrate.head():
         return []

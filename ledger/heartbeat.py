@@ -1,11 +1,13 @@
 """Keeping a lease alive, and knowing when it is gone.
 
 ``LeaseState`` is the bookkeeping every lease or run context shares (no I/O):
-the job, token and run id, and whether the lease is known lost. ``Heartbeat``
-(a daemon thread) and ``AsyncHeartbeat`` (a task) call a ``beat`` function
-every ``interval`` seconds on the context's own connection; the function
-returns a :class:`Renewal`: the lease's time left as the server measured it
-(None when the ledger says the lease is lost) and when the call was sent.
+the job, token and run id, and whether the lease is known lost. The
+heartbeat itself (``AsyncHeartbeat`` in ``ledger/aio.py``, a task; ``Heartbeat``
+in the generated ``ledger/client.py``, a daemon thread) calls a ``beat``
+function every ``interval`` seconds on the context's own connection; the
+function returns a :class:`Renewal`: the lease's time left as the server
+measured it (None when the ledger says the lease is lost) and when the call
+was sent.
 
 A beat that raises a ledger error (LD001, LD003, ...) also means lost. A beat
 that fails otherwise (connection trouble, :class:`~ledger.errors.LedgerUnavailable`)
@@ -32,16 +34,15 @@ rejects a write the lost holder still attempts.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ledger.errors import LeaseLost, LedgerError, LedgerUnavailable
+from ledger.errors import LeaseLost, LedgerError
 
 log = logging.getLogger("ledger")
 
@@ -189,130 +190,11 @@ class LeaseState:
             raise self.lost_error()
 
 
-class Heartbeat:
-    """A daemon thread that calls ``beat`` every ``interval`` seconds until stopped or lost.
-
-    ``beat`` returns a :class:`Renewal`; the thread keeps ``state.deadline``
-    and wakes up at it at the latest, so a lease that nothing renewed is
-    marked lost on time even when no call fails (a beat stuck in a call is
-    ended by its connection's own bound, at the deadline at the latest).
-    """
-
-    def __init__(self, *, beat: Callable[[], Renewal], interval: float, state: LeaseState, name: str,
-                 renewed: Callable[[float], object] | None = None) -> None:
-        assert state.deadline is not None
-        self._beat = beat
-        self._renewed = renewed  # told the new deadline (the context's alarm)
-        self._interval = interval
-        self._deadline = state.deadline
-        self._state = state
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop promptly (the wait is an Event) and join, unless called from the heartbeat itself."""
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
-
-    def _run(self) -> None:
-        wait = self._interval
-        while not self._stop.wait(max(0.0, min(wait, self._deadline.remaining()))):
-            # A fence or check found it lost first (stop keeping others out), or the deadline passed.
-            if self._state.check_lost():
-                return
-            try:
-                renewal = self._beat()
-            except LedgerUnavailable as error:  # no answer: connection trouble, not the ledger's verdict
-                retry = self._retry(error)
-            except LedgerError as error:
-                self._state.mark_lost("the ledger refused the heartbeat", error)
-                return
-            except Exception as error:
-                retry = self._retry(error)
-            else:
-                if renewal.time_left is None:
-                    self._state.mark_lost("the heartbeat found the lease taken or ended")
-                    return
-                self._deadline.renewed(renewal.time_left, renewal.sent_at)
-                if self._renewed is not None:
-                    self._renewed(self._deadline.at)
-                wait = self._interval
-                continue
-            if retry is None:
-                return
-            wait = retry
-
-    def _retry(self, error: Exception) -> float | None:
-        return _retry(self._deadline, self._interval, self._state, error)
-
-
-def _retry(deadline: Deadline, interval: float, state: LeaseState, error: Exception) -> float | None:
+def retry_or_lose(deadline: Deadline, interval: float, state: LeaseState, error: Exception) -> float | None:
+    """After a failed beat: seconds to wait before the next try, or None (and the lease marked lost) past the deadline."""
     retry = deadline.retry_after(interval)
     if retry is None:
         state.mark_lost(NO_BEAT, error)
         return None
     log.warning("heartbeat of job %s failed, retrying in %.2fs: %s", state.job, retry, error)
     return retry
-
-
-class AsyncHeartbeat:
-    """The task counterpart of :class:`Heartbeat`, for the asyncio client."""
-
-    def __init__(self, *, beat: Callable[[], Awaitable[Renewal]], interval: float, state: LeaseState,
-                 name: str, renewed: Callable[[float], object] | None = None) -> None:
-        assert state.deadline is not None
-        self._beat = beat
-        self._renewed = renewed
-        self._interval = interval
-        self._deadline = state.deadline
-        self._state = state
-        self._name = name
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=self._name)
-
-    async def stop(self) -> None:
-        self._stop.set()
-        task = self._task
-        if task is not None and task is not asyncio.current_task():
-            await task
-
-    async def _stopped_within(self, wait: float) -> bool:
-        try:
-            await asyncio.wait_for(self._stop.wait(), max(0.0, wait))
-        except asyncio.TimeoutError:
-            return False
-        return True
-
-    async def _run(self) -> None:
-        wait = self._interval
-        while not await self._stopped_within(min(wait, self._deadline.remaining())):
-            if self._state.check_lost():
-                return
-            try:
-                renewal = await self._beat()
-            except LedgerUnavailable as error:
-                retry = _retry(self._deadline, self._interval, self._state, error)
-            except LedgerError as error:
-                self._state.mark_lost("the ledger refused the heartbeat", error)
-                return
-            except Exception as error:
-                retry = _retry(self._deadline, self._interval, self._state, error)
-            else:
-                if renewal.time_left is None:
-                    self._state.mark_lost("the heartbeat found the lease taken or ended")
-                    return
-                self._deadline.renewed(renewal.time_left, renewal.sent_at)
-                if self._renewed is not None:
-                    self._renewed(self._deadline.at)
-                wait = self._interval
-                continue
-            if retry is None:
-                return
-            wait = retry

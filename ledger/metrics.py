@@ -13,17 +13,33 @@ Metrics (labels in braces):
 - ``jobledger_runs_total{job,status}``: runs ended, status ``success`` or ``failure`` (counter).
 - ``jobledger_runs_running{job}``: 1 while a run of the job is running.
 - ``jobledger_skipped_total{job,reason}``: skips, reason ``overlap`` (a start
-  that found another owner's live lease) or ``backfill_limit`` (slots the
-  catch-up bound dropped) (counter).
+  that found another owner's live lease: ``job_status.skipped_overlap``) or
+  ``backfill_limit`` (slots the catch-up bound dropped, the reason
+  ``ledger.skipped_slots`` records them with: ``job_status.skipped_backfill``)
+  (counter).
 - ``jobledger_leases_lost_total{job}``: runs closed because their lease
   expired or was superseded (counter).
 - ``jobledger_run_duration_seconds{job,quantile}``: p50 (``0.5``), p95
   (``0.95``) and max (``1``) duration of the successful runs in the log.
+- ``jobledger_recent_run_duration_seconds{job,le}``: a histogram of the
+  durations of the successful runs that started in the last
+  :data:`DURATION_WINDOW` (24 hours), buckets :data:`DURATION_BUCKETS`. A
+  window, not a running total: buckets go down as runs leave it, so take
+  ``histogram_quantile`` of the buckets themselves, not of their ``rate()``.
+  (Not named ``jobledger_run_duration_seconds``: the quantile gauges above
+  have that name, and a histogram beside them under it would make the
+  exposition invalid: ``promtool check metrics`` refuses it.)
 - ``jobledger_run_failure_ratio{job}``: failures / ended runs in the log.
 - ``jobledger_job_overdue{job}``: 1 when a slot is more than one ttl old and
   has not succeeded, with no live run on it.
 - ``jobledger_consecutive_failures{job}``: failures since the last success.
+- ``jobledger_job_ttl_seconds{job}``: the job's lease ttl (none without one),
+  and ``jobledger_run_running_seconds{job}``: how long its running run has
+  run (none without one): the alert rules compare them (a run past its ttl).
 - ``jobledger_alerts{alert}``: live rows of ``ledger.alerts`` per kind.
+- ``jobledger_duplicates``: slots and idempotency keys that succeeded more
+  than once (``ledger.duplicates``, over each job's newest 1,000 successes);
+  always 0.
 """
 
 from __future__ import annotations
@@ -37,12 +53,19 @@ from wsgiref.simple_server import WSGIServer
 
 import psycopg
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
+from ledger import queries
+from ledger.models import JobStatus
 from ledger.report import read_only_transaction
 
 __all__ = [
     "ALERT_KINDS",
+    "DURATION_BUCKETS",
+    "DURATION_HISTOGRAM",
+    "DURATION_WINDOW",
+    "DurationBuckets",
     "LedgerCollector",
     "MetricsServer",
     "Snapshot",
@@ -53,46 +76,20 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = timedelta(seconds=10)
-ALERT_KINDS = ("long_running", "overdue", "consecutive_failures", "overlap", "ttl_too_short")
+ALERT_KINDS = ("long_running", "late", "down", "overrun", "failing", "paused", "too_fast", "overdue",
+               "consecutive_failures", "overlap", "ttl_too_short")
 QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("1", "max"))
-
-JOBS = """
-SELECT s.job,
-       coalesce(s.runs_started, 0), coalesce(s.successes, 0), coalesce(s.failures, 0),
-       coalesce(s.skipped_overlap, 0), coalesce(s.skipped_backfill, 0), coalesce(s.leases_lost, 0),
-       s.running_run_id IS NOT NULL, s.overdue, s.consecutive_failures
-  FROM ledger.job_status AS s
- ORDER BY s.job
-"""
-
-RUN_STATS = """
-SELECT r.job, r.failure_rate::float8,
-       extract(epoch FROM r.p50_duration)::float8,
-       extract(epoch FROM r.p95_duration)::float8,
-       extract(epoch FROM r.max_duration)::float8
-  FROM ledger.run_stats AS r
- ORDER BY r.job
-"""
-
-ALERTS = "SELECT a.alert, count(*) FROM ledger.alerts AS a GROUP BY a.alert"
-
-
-@dataclass(frozen=True)
-class JobRow:
-    job: str
-    runs_started: int
-    successes: int
-    failures: int
-    skipped_overlap: int
-    skipped_backfill: int
-    leases_lost: int
-    running: bool
-    overdue: bool
-    consecutive_failures: int
+#: The run duration histogram: its name, its buckets' upper bounds in seconds (``le``; +Inf
+#: besides), and the window of runs it counts (successes started within it).
+DURATION_HISTOGRAM = "jobledger_recent_run_duration_seconds"
+DURATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 1800.0, 3600.0, 10800.0)
+DURATION_WINDOW = timedelta(hours=24)
 
 
 @dataclass(frozen=True)
 class StatsRow:
+    """A row of ``queries.RUN_STATS``: ``ledger.run_stats`` in seconds."""
+
     job: str
     failure_rate: float | None
     p50: float | None
@@ -101,12 +98,40 @@ class StatsRow:
 
 
 @dataclass(frozen=True)
+class DurationBuckets:
+    """A job's histogram: ``counts[i]`` runs took at most ``DURATION_BUCKETS[i]`` (cumulative)."""
+
+    job: str
+    counts: list[int]
+    runs: int
+    seconds: float
+
+
+def duration_buckets(rows: Iterable[tuple[str, int, int, float]]) -> list[DurationBuckets]:
+    """The rows of ``queries.RUN_DURATION_BUCKETS`` (job, bucket, runs, seconds) as cumulative histograms."""
+    per_job: dict[str, list[tuple[int, int, float]]] = {}
+    for job, bucket, runs, seconds in rows:
+        per_job.setdefault(job, []).append((int(bucket), int(runs), float(seconds)))
+    result = []
+    for job, buckets in per_job.items():
+        counts = [0] * len(DURATION_BUCKETS)
+        for bucket, runs, _ in buckets:
+            for index in range(bucket, len(DURATION_BUCKETS)):  # bucket len(...) is +Inf only
+                counts[index] += runs
+        result.append(DurationBuckets(job, counts, sum(runs for _, runs, _ in buckets),
+                                      sum(seconds for _, _, seconds in buckets)))
+    return result
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What one scrape read, in one transaction (so the numbers agree with each other)."""
 
-    jobs: list[JobRow] = field(default_factory=list)
+    jobs: list[JobStatus] = field(default_factory=list)
     stats: list[StatsRow] = field(default_factory=list)
     alerts: dict[str, int] = field(default_factory=dict)
+    durations: list[DurationBuckets] = field(default_factory=list)
+    duplicates: int = 0
 
 
 def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TIMEOUT) -> Snapshot:
@@ -116,13 +141,25 @@ def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TI
     ``prepare_threshold``: a scrape works behind a transaction pooler.
     """
     with read_only_transaction(conn, timeout) as cur:
-        jobs = [JobRow(str(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), int(r[6]),
-                       bool(r[7]), bool(r[8]), int(r[9] or 0))
-                for r in cur.execute(JOBS, prepare=False).fetchall()]
-        stats = [StatsRow(str(r[0]), r[1], r[2], r[3], r[4])
-                 for r in cur.execute(RUN_STATS, prepare=False).fetchall()]
-        alerts = {str(r[0]): int(r[1]) for r in cur.execute(ALERTS, prepare=False).fetchall()}
-    return Snapshot(jobs, stats, alerts)
+        jobs = [JobStatus(**row) for row in _as_dicts(cur.execute(queries.JOB_STATUSES, prepare=False))]
+        stats = [StatsRow(**row) for row in _as_dicts(cur.execute(queries.RUN_STATS, prepare=False))]
+        alerts = {str(r[0]): int(r[1]) for r in cur.execute(queries.ALERT_COUNTS, prepare=False).fetchall()}
+        durations = duration_buckets(cur.execute(queries.RUN_DURATION_BUCKETS, {
+            "bounds": list(DURATION_BUCKETS), "window": DURATION_WINDOW}, prepare=False).fetchall())
+        row = cur.execute(queries.DUPLICATE_COUNT, prepare=False).fetchone()
+        duplicates = int(row[0]) if row else 0
+    return Snapshot(jobs, stats, alerts, durations, duplicates)
+
+
+def _as_dicts(cur: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
+    names = [column.name for column in cur.description or []]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def _le(bound: float) -> str:
+    """A bucket's ``le`` as prometheus_client's own histograms write it (``1.0``, ``+Inf``)."""
+    written: str = floatToGoString(bound)  # type: ignore[no-untyped-call]
+    return written
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -141,16 +178,23 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
                                 "and has not succeeded, with no live run on it", labels=["job"])
     failing = GaugeMetricFamily("jobledger_consecutive_failures", "Failures since the last success",
                                 labels=["job"])
+    ttl = GaugeMetricFamily("jobledger_job_ttl_seconds", "The job's lease ttl", labels=["job"])
+    running_for = GaugeMetricFamily("jobledger_run_running_seconds", "How long the job's running run has run",
+                                    labels=["job"])
     for job in snapshot.jobs:
         started.add_metric([job.job], job.runs_started)
         ended.add_metric([job.job, "success"], job.successes)
         ended.add_metric([job.job, "failure"], job.failures)
-        running.add_metric([job.job], 1 if job.running else 0)
+        running.add_metric([job.job], 1 if job.running_run_id is not None else 0)
         skipped.add_metric([job.job, "overlap"], job.skipped_overlap)
         skipped.add_metric([job.job, "backfill_limit"], job.skipped_backfill)
         lost.add_metric([job.job], job.leases_lost)
         overdue.add_metric([job.job], 1 if job.overdue else 0)
         failing.add_metric([job.job], job.consecutive_failures)
+        if job.ttl is not None:
+            ttl.add_metric([job.job], job.ttl.total_seconds())
+        if job.running_for is not None:
+            running_for.add_metric([job.job], job.running_for.total_seconds())
 
     duration = GaugeMetricFamily(
         "jobledger_run_duration_seconds", "Duration of the successful runs in the log: "
@@ -169,7 +213,22 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
     for kind in sorted(set(ALERT_KINDS) | set(snapshot.alerts)):
         alerts.add_metric([kind], snapshot.alerts.get(kind, 0))
 
-    yield from (started, ended, running, skipped, lost, duration, failure_ratio, overdue, failing, alerts)
+    duplicates = GaugeMetricFamily(
+        "jobledger_duplicates", "Slots and idempotency keys that succeeded twice, over each job's newest "
+        "1,000 successes (ledger.duplicates; always 0 when the ledger holds)")
+    duplicates.add_metric([], snapshot.duplicates)
+
+    histogram = HistogramMetricFamily(
+        DURATION_HISTOGRAM, f"Durations of the successful runs started in the last "
+        f"{int(DURATION_WINDOW.total_seconds() // 3600)} hours (a window: buckets go down as runs leave it)",
+        labels=["job"])
+    for job_buckets in snapshot.durations:
+        buckets = [(_le(bound), count) for bound, count in zip(DURATION_BUCKETS, job_buckets.counts)]
+        histogram.add_metric([job_buckets.job], [*buckets, ("+Inf", job_buckets.runs)],
+                             sum_value=job_buckets.seconds)
+
+    yield from (started, ended, running, skipped, lost, duration, histogram, failure_ratio, overdue, failing,
+                ttl, running_for, alerts, duplicates)
 
 
 class LedgerCollector:

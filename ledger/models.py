@@ -1,4 +1,4 @@
-"""Typed rows of the ledger's public SQL API (see /work/shared/contract.md).
+"""Typed rows of the ledger's public SQL API (see docs/contract.md).
 
 Frozen dataclasses, one per result shape; the queries in ``ledger.queries``
 name their columns explicitly, so a column added to a view or type later does
@@ -61,6 +61,7 @@ class Run:
     failure_reason: FailureReason | None
     error: str | None
     detail: dict[str, Any] | None
+    cancel_requested_at: datetime | None = None  # an operator asked it to stop (ledger.request_cancel)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,13 @@ class Job:
     paused: bool
     created_at: datetime
     updated_at: datetime
+    late_after: timedelta | None = None
+    down_after: timedelta | None = None
+    min_runtime: timedelta | None = None
+    max_runtime: timedelta | None = None
+    pause_after_failures: int | None = None
+    paused_at: datetime | None = None
+    pause_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,34 @@
-"""Every statement the Python client sends: constants, named notation, explicit columns.
+"""Every statement the Python package sends, in one place: constants, named notation, explicit columns.
 
-Shared by the sync (``ledger.client``) and async (``ledger.aio``) clients. The
-client never builds SQL from pieces; it only binds parameters. Columns are
-listed by name so that a column added to a type or view later (the contract
-allows additions) does not break the typed rows.
+The clients (``ledger.aio`` and the generated ``ledger.client``), the command
+line, the wrapper, the metrics and the embedded server all take their SQL
+from here; nothing else in the package writes a statement. They never build
+SQL from pieces at run time; they only bind parameters. Columns are listed by
+name, so that a column added to a type or view later (the contract allows
+additions) does not break the typed rows; a row's columns are written once,
+as the fields of its dataclass in :mod:`ledger.models`
+(``tests/test_queries.py`` checks them against the database and plans every
+statement).
 
 ``time_left`` (``expires_at - clock_timestamp()`` on the server) lets the
 heartbeat keep a local deadline without trusting the client's clock.
 """
 
 from __future__ import annotations
+
+from dataclasses import fields
+
+from ledger.models import Job, JobStatus, Run
+
+
+def _columns(row: type, alias: str) -> str:
+    """``alias.a, alias.b, ...``: the dataclass's fields, in order (the typed row's columns)."""
+    return ", ".join(f"{alias}.{field.name}" for field in fields(row))
+
+
+RUN_COLUMNS = _columns(Run, "r")
+JOB_COLUMNS = _columns(Job, "j")
+JOB_STATUS_COLUMNS = _columns(JobStatus, "js")
 
 # -- leases -----------------------------------------------------------------
 
@@ -65,28 +84,24 @@ SELECT e AS expires_at, e - clock_timestamp() AS time_left
   FROM ledger.heartbeat(run_id => %(run_id)s, token => %(token)s, ttl => %(ttl)s) AS e
 """
 
-COMPLETE_RUN = """
-SELECT r.run_id, r.job, r.owner, r.token, r.slot, r.idempotency_key, r.status, r.started_at,
-       r.heartbeat_at, r.completed_at, r.failure_reason, r.error, r.detail
+COMPLETE_RUN = f"""
+SELECT {RUN_COLUMNS}
   FROM ledger.complete_run(run_id => %(run_id)s, token => %(token)s, detail => %(detail)s) AS r
 """
 
-FAIL_RUN = """
-SELECT r.run_id, r.job, r.owner, r.token, r.slot, r.idempotency_key, r.status, r.started_at,
-       r.heartbeat_at, r.completed_at, r.failure_reason, r.error, r.detail
+FAIL_RUN = f"""
+SELECT {RUN_COLUMNS}
   FROM ledger.fail_run(run_id => %(run_id)s, token => %(token)s, error => %(error)s,
                        detail => %(detail)s) AS r
 """
 
-CANCEL_RUN = """
-SELECT r.run_id, r.job, r.owner, r.token, r.slot, r.idempotency_key, r.status, r.started_at,
-       r.heartbeat_at, r.completed_at, r.failure_reason, r.error, r.detail
+CANCEL_RUN = f"""
+SELECT {RUN_COLUMNS}
   FROM ledger.cancel_run(run_id => %(run_id)s, token => %(token)s, error => %(error)s) AS r
 """
 
-GET_RUN = """
-SELECT r.run_id, r.job, r.owner, r.token, r.slot, r.idempotency_key, r.status, r.started_at,
-       r.heartbeat_at, r.completed_at, r.failure_reason, r.error, r.detail
+GET_RUN = f"""
+SELECT {RUN_COLUMNS}
   FROM ledger.job_execution_log AS r
  WHERE r.run_id = %(run_id)s
 """
@@ -95,13 +110,31 @@ REAP_EXPIRED = "SELECT ledger.reap_expired(job => %(job)s)"
 
 # -- schedules --------------------------------------------------------------
 
-REGISTER_JOB = """
-SELECT j.job, j.schedule, j.time_zone, j.ttl, j.max_backfill, j.paused, j.created_at, j.updated_at
+REGISTER_JOB = f"""
+SELECT {JOB_COLUMNS}
   FROM ledger.register_job(job => %(job)s, schedule => %(schedule)s, ttl => %(ttl)s,
-                           max_backfill => %(max_backfill)s, time_zone => %(time_zone)s) AS j
+                           max_backfill => %(max_backfill)s, time_zone => %(time_zone)s,
+                           late_after => %(late_after)s, down_after => %(down_after)s,
+                           min_runtime => %(min_runtime)s, max_runtime => %(max_runtime)s,
+                           pause_after_failures => %(pause_after_failures)s) AS j
 """
 
 PAUSE_JOB = "SELECT ledger.pause_job(job => %(job)s)"
+
+# -- operator commands -------------------------------------------------------
+
+BACKFILL = """
+SELECT s.outcome, s.run_id, s.token, s.expires_at, s.slot, s.holder, s.holder_expires_at,
+       s.expires_at - clock_timestamp() AS time_left
+  FROM ledger.backfill(job => %(job)s, owner => %(owner)s, from_slot => %(from_slot)s, to_slot => %(to_slot)s,
+                       ttl => %(ttl)s) AS s
+"""
+
+UNREGISTER_JOB = "SELECT ledger.unregister_job(job => %(job)s, with_history => %(with_history)s)"
+
+FORCE_RELEASE = "SELECT ledger.force_release(job => %(job)s)"
+
+REQUEST_CANCEL = "SELECT ledger.request_cancel(run_id => %(run_id)s)"
 
 RESUME_JOB = "SELECT ledger.resume_job(job => %(job)s)"
 
@@ -109,24 +142,306 @@ DUE_SLOTS = "SELECT s FROM ledger.due_slots(job => %(job)s, at => %(at)s) AS s"
 
 # -- reporting --------------------------------------------------------------
 
-JOB_STATUS = """
-SELECT js.job, js.schedule, js.time_zone, js.ttl, js.max_backfill, js.paused, js.holder, js.token,
-       js.lease_expires_at, js.last_run_id, js.last_status, js.last_started_at,
-       js.last_completed_at, js.last_success_at, js.running_run_id, js.running_for, js.next_slot,
-       js.overdue, js.consecutive_failures, js.runs_started, js.successes, js.failures,
-       js.skipped_overlap, js.skipped_backfill, js.leases_lost
+JOB_STATUS = f"""
+SELECT {JOB_STATUS_COLUMNS}
   FROM ledger.job_status AS js
  WHERE js.job = %(job)s
 """
 
-JOB_STATUSES = """
-SELECT js.job, js.schedule, js.time_zone, js.ttl, js.max_backfill, js.paused, js.holder, js.token,
-       js.lease_expires_at, js.last_run_id, js.last_status, js.last_started_at,
-       js.last_completed_at, js.last_success_at, js.running_run_id, js.running_for, js.next_slot,
-       js.overdue, js.consecutive_failures, js.runs_started, js.successes, js.failures,
-       js.skipped_overlap, js.skipped_backfill, js.leases_lost
+JOB_STATUSES = f"""
+SELECT {JOB_STATUS_COLUMNS}
   FROM ledger.job_status AS js
  ORDER BY js.job
 """
 
 PURGE_LOG = "SELECT ledger.purge_log(older_than => %(older_than)s)"
+
+# -- the views the command line and the demo read (ledger.lookups) -----------
+
+ALERTS = """
+SELECT a.alert, a.job, a.run_id, a.message, a.since
+  FROM ledger.alerts AS a
+ ORDER BY a.job, a.alert, a.run_id
+"""
+
+JOB_HEALTH = """
+SELECT h.job, h.state, h.since, h.reason, h.pause_reason, h.last_success_at, h.last_success_age,
+       h.last_success_duration, h.missed_slots, h.missed_slots_capped, h.late_after, h.down_after,
+       h.min_runtime, h.max_runtime, h.pause_after_failures, h.consecutive_failures,
+       h.running_run_id, h.running_for
+  FROM ledger.job_health AS h
+ ORDER BY h.job
+"""
+
+RECENT_RUNS = """
+SELECT r.run_id, r.job, r.owner, r.token, r.slot, r.idempotency_key, r.status, r.failure_reason,
+       r.started_at, r.heartbeat_at, r.completed_at,
+       coalesce(r.completed_at, clock_timestamp()) - r.started_at AS duration,
+       r.error, r.detail
+  FROM ledger.job_execution_log AS r
+ WHERE r.job = %(job)s
+ ORDER BY r.run_id DESC
+ LIMIT %(limit)s
+"""
+
+SKIPPED_SLOTS = """
+SELECT s.job, s.first_slot, s.last_slot, s.slot_count, s.reason, s.recorded_at
+  FROM ledger.skipped_slots AS s
+ WHERE s.job = %(job)s
+ ORDER BY s.first_slot
+"""
+
+OVERLAPS = """
+SELECT o.job, o.run_id, o.other_run_id, o.started_at, o.other_started_at
+  FROM ledger.overlaps AS o
+ WHERE %(jobs)s::text[] IS NULL OR o.job = ANY(%(jobs)s::text[])
+ ORDER BY o.job, o.run_id
+"""
+
+# -- one metrics scrape (ledger.metrics), besides JOB_STATUSES --------------
+
+RUN_STATS = """
+SELECT r.job, r.failure_rate::float8 AS failure_rate,
+       extract(epoch FROM r.p50_duration)::float8 AS p50,
+       extract(epoch FROM r.p95_duration)::float8 AS p95,
+       extract(epoch FROM r.max_duration)::float8 AS max
+  FROM ledger.run_stats AS r
+ ORDER BY r.job
+"""
+
+ALERT_COUNTS = "SELECT a.alert, count(*) FROM ledger.alerts AS a GROUP BY a.alert"
+
+# The duplicate audit (ledger.duplicates) over each job's newest 1,000 successes, so that a scrape
+# does not grow with the log's length (the view audits the whole log): slots and keys that
+# succeeded twice.
+DUPLICATE_COUNT = """
+WITH recent AS (
+    SELECT w.job, w.slot, w.idempotency_key
+      FROM ledger.counters AS c
+     CROSS JOIN LATERAL (
+           SELECT r.job, r.slot, r.idempotency_key FROM ledger.job_execution_log AS r
+            WHERE r.job = c.job AND r.status = 'success'
+            ORDER BY r.started_at DESC LIMIT 1000) AS w
+     WHERE c.last_success_at IS NOT NULL
+)
+SELECT (SELECT count(*) FROM (SELECT FROM recent WHERE recent.slot IS NOT NULL
+                               GROUP BY recent.job, recent.slot HAVING count(*) > 1) AS s)
+     + (SELECT count(*) FROM (SELECT FROM recent WHERE recent.idempotency_key IS NOT NULL
+                               GROUP BY recent.job, recent.idempotency_key HAVING count(*) > 1) AS k)
+"""
+
+# -- the CLI ----------------------------------------------------------------
+# The statements of the command line (``ledger.cli``), the wrapper
+# (``ledger.wrapper``) and the embedded server (``ledger.embedded``).
+
+# The database's clock: the tables show times relative to it (`status`, `runs`).
+DATABASE_NOW = "SELECT clock_timestamp()"
+
+# Whether `jobledger run` loops over the due slots (start_due_run) or starts one run (start_run).
+# What `jobledger run` reads of the job once: whether it has a schedule, and its max_runtime.
+JOB_RUN_OPTIONS = "SELECT j.schedule IS NOT NULL, j.max_runtime FROM ledger.jobs AS j WHERE j.job = %(job)s"
+
+# The embedded server's database: templates for psycopg.sql (the {} is an Identifier).
+DATABASE_EXISTS = "SELECT FROM pg_database WHERE datname = %(database)s"
+
+CREATE_DATABASE = "CREATE DATABASE {}"
+
+DROP_DATABASE = "DROP DATABASE IF EXISTS {} WITH (FORCE)"
+
+# Whether the demo's database already has the ledger (its newest function's signature).
+LEDGER_INSTALLED = "SELECT to_regprocedure('ledger.start_due_run(text, text, interval)')"
+
+# The installed revision (alembic's table), read before migrating the embedded database.
+HAS_REVISION_TABLE = "SELECT to_regclass('ledger.alembic_version') IS NOT NULL"
+
+INSTALLED_REVISION = "SELECT version_num FROM ledger.alembic_version"
+
+# -- schedule preview ---------------------------------------------------------
+# `jobledger next` (``ledger.cli.next``): a job's next slots, or a schedule's before it is
+# registered, each with its wall clock, UTC offset and daylight-saving note.
+
+NEXT_SLOTS = """
+SELECT p.slot, p.local_time, p.utc_offset, p.dst_change
+  FROM ledger.next_slots(job => %(job)s, count => %(count)s, after => %(after)s) AS p
+"""
+
+PREVIEW_SLOTS = """
+SELECT p.slot, p.local_time, p.utc_offset, p.dst_change
+  FROM ledger.preview_slots(schedule => %(schedule)s, time_zone => %(time_zone)s, count => %(count)s,
+                            after => %(after)s) AS p
+"""
+
+# The job's schedule in words (`jobledger next JOB`): its text, zone and pause flag.
+JOB_SCHEDULE = "SELECT j.schedule, j.time_zone, j.paused FROM ledger.jobs AS j WHERE j.job = %(job)s"
+
+# The wrapper, when start_due_run answers nothing_due: whose live run holds the job, and for
+# which slot (another host runs the due slot right now).
+RUNNING_HOLDER = """
+SELECT r.run_id, r.slot, r.owner, js.lease_expires_at
+  FROM ledger.job_execution_log AS r
+  JOIN ledger.job_status AS js ON js.job = r.job AND js.holder = r.owner AND js.token = r.token
+ WHERE r.job = %(job)s AND r.status = 'running'
+ ORDER BY r.run_id DESC
+ LIMIT 1
+"""
+
+# -- the dashboard (ledger.web) ------------------------------------------------
+# Each page of `jobledger web` reads in one read-only transaction as
+# ledger_reader (ledger.report.read_only_transaction: search_path is
+# pg_catalog, so every name is qualified). Every read is bounded: by the job
+# (the log's index on (job, started_at)), by the page's window, by a LIMIT.
+
+# The jobs page: each job's status (the view costs per job, not per run);
+# the name filter is a case-insensitive substring (NULL: every job). One job's
+# (the job page, the badge) is JOB_STATUS.
+WEB_JOBS = f"""
+SELECT {JOB_STATUS_COLUMNS}
+  FROM ledger.job_status AS js
+ WHERE %(name)s::text IS NULL OR strpos(lower(js.job), lower(%(name)s::text)) > 0
+ ORDER BY js.job
+"""
+
+# The sparklines: the newest `per_job` runs of each of these jobs (an index scan each).
+WEB_LAST_RUNS = """
+SELECT k.job, r.run_id, r.owner, r.token, r.slot, r.status, r.failure_reason, r.started_at, r.completed_at,
+       extract(epoch FROM coalesce(r.completed_at, now()) - r.started_at)::float8 AS seconds,
+       left(r.error, 200) AS error
+  FROM unnest(%(jobs)s::text[]) AS k(job)
+ CROSS JOIN LATERAL (
+       SELECT r.run_id, r.owner, r.token, r.slot, r.status, r.failure_reason, r.started_at, r.completed_at,
+              r.error
+         FROM ledger.job_execution_log AS r
+        WHERE r.job = k.job
+        ORDER BY r.started_at DESC, r.run_id DESC
+        LIMIT %(per_job)s) AS r
+ ORDER BY k.job, r.started_at, r.run_id
+"""
+
+# The job page's timeline and duration chart: the newest `limit` runs that
+# started in the window, and the running run wherever it started.
+WEB_WINDOW_RUNS = """
+SELECT w.run_id, w.owner, w.token, w.slot, w.status, w.failure_reason, w.started_at, w.completed_at,
+       extract(epoch FROM coalesce(w.completed_at, now()) - w.started_at)::float8 AS seconds,
+       left(w.error, 200) AS error
+  FROM ((SELECT r.run_id, r.owner, r.token, r.slot, r.status, r.failure_reason, r.started_at,
+                r.completed_at, r.error
+           FROM ledger.job_execution_log AS r
+          WHERE r.job = %(job)s AND r.started_at >= %(since)s AND r.started_at <= %(until)s
+          ORDER BY r.started_at DESC, r.run_id DESC
+          LIMIT %(limit)s)
+        UNION
+        (SELECT r.run_id, r.owner, r.token, r.slot, r.status, r.failure_reason, r.started_at,
+                r.completed_at, r.error
+           FROM ledger.job_execution_log AS r
+          WHERE r.job = %(job)s AND r.status = 'running')) AS w
+ ORDER BY w.started_at, w.run_id
+"""
+
+# Recent failures with their error text, among the job's newest 1,000 runs
+# (a job that never fails costs 1,000 index entries, not its whole log).
+WEB_FAILURES = """
+SELECT f.run_id, f.owner, f.token, f.slot, f.failure_reason, f.started_at, f.completed_at, f.error
+  FROM (SELECT r.run_id, r.owner, r.token, r.slot, r.status, r.failure_reason, r.started_at,
+               r.completed_at, r.error
+          FROM ledger.job_execution_log AS r
+         WHERE r.job = %(job)s
+         ORDER BY r.started_at DESC, r.run_id DESC
+         LIMIT 1000) AS f
+ WHERE f.status = 'failure'
+ ORDER BY f.started_at DESC, f.run_id DESC
+ LIMIT %(limit)s
+"""
+
+# Skipped ranges that reach into the window. Ranges do not overlap, so the
+# only one that starts before the window and reaches into it is the newest
+# that starts before it.
+WEB_SKIPPED = """
+SELECT s.first_slot, s.last_slot, s.slot_count, s.reason, s.recorded_at
+  FROM ((SELECT k.first_slot, k.last_slot, k.slot_count, k.reason, k.recorded_at
+           FROM ledger.skipped_slots AS k
+          WHERE k.job = %(job)s AND k.first_slot > %(since)s AND k.first_slot <= %(until)s
+          ORDER BY k.first_slot DESC
+          LIMIT %(limit)s)
+        UNION ALL
+        (SELECT k.first_slot, k.last_slot, k.slot_count, k.reason, k.recorded_at
+           FROM ledger.skipped_slots AS k
+          WHERE k.job = %(job)s AND k.first_slot <= %(since)s
+          ORDER BY k.first_slot DESC
+          LIMIT 1)) AS s
+ WHERE s.last_slot >= %(since)s
+ ORDER BY s.first_slot
+"""
+
+# How many slots the window holds (counted, not enumerated): the timeline
+# marks them one by one only when there are few.
+WEB_SLOT_COUNT = """
+SELECT ledger._slot_count(j.schedule_spec, j.time_zone, %(since)s, %(until)s) AS slot_count
+  FROM ledger.jobs AS j
+ WHERE j.job = %(job)s AND j.schedule IS NOT NULL
+"""
+
+# The job page's duration chart: its ttl and the ttl_advice range.
+WEB_TTL_ADVICE = """
+SELECT t.ttl, t.longest_run, t.recommended_min, t.recommended_max, t.renew_every, t.verdict
+  FROM ledger.ttl_advice AS t
+ WHERE t.job = %(job)s
+"""
+
+# The run page: every column of its log row, and how long it ran (so far).
+WEB_RUN = f"""
+SELECT {RUN_COLUMNS}, coalesce(r.completed_at, now()) - r.started_at AS duration
+  FROM ledger.job_execution_log AS r
+ WHERE r.run_id = %(run_id)s
+"""
+
+# The run's neighbours in its job's history (links to the previous and next run).
+WEB_RUN_NEIGHBOURS = """
+SELECT (SELECT p.run_id FROM ledger.job_execution_log AS p
+         WHERE p.job = %(job)s AND p.started_at <= %(started_at)s
+           AND (p.started_at, p.run_id) < (%(started_at)s, %(run_id)s)
+         ORDER BY p.started_at DESC, p.run_id DESC LIMIT 1) AS previous_run_id,
+       (SELECT n.run_id FROM ledger.job_execution_log AS n
+         WHERE n.job = %(job)s AND n.started_at >= %(started_at)s
+           AND (n.started_at, n.run_id) > (%(started_at)s, %(run_id)s)
+         ORDER BY n.started_at, n.run_id LIMIT 1) AS next_run_id
+"""
+
+# The job's lease as it is now (a run's token is current while it matches a live lease).
+WEB_LEASE = """
+SELECT l.owner, l.token, l.ttl, l.acquired_at, l.expires_at, l.released_at, l.timeline,
+       (l.released_at IS NULL AND l.expires_at > now()) AS live
+  FROM ledger.leases AS l
+ WHERE l.job = %(job)s
+"""
+
+# The fence writes a run made, as far as the ledger knows them: a fence keeps
+# only the highest token that wrote through it, so these are the resources
+# whose last accepted write was this run's.
+WEB_FENCES = """
+SELECT f.resource, f.token, f.advanced_at
+  FROM ledger.fences AS f
+ WHERE f.job = %(job)s AND f.token = %(token)s
+ ORDER BY f.resource
+ LIMIT 100
+"""
+
+# The histogram of run durations (ledger.metrics): per job, the successful
+# runs that started within the window, counted per bucket. `bucket` is the
+# number of bounds below the duration, so a duration counts in every bucket
+# whose bound it does not exceed (Prometheus' `le`); width_bucket counts the
+# bounds at or below its operand, hence the negated, ascending bounds.
+RUN_DURATION_BUCKETS = """
+SELECT h.job, h.bucket, count(*) AS runs, sum(h.seconds)::float8 AS seconds
+  FROM (SELECT l.job, r.seconds,
+               cardinality(%(bounds)s::float8[])
+               - width_bucket(-r.seconds, ARRAY(SELECT -b FROM unnest(%(bounds)s::float8[]) AS b ORDER BY 1))
+                   AS bucket
+          FROM ledger.leases AS l
+         CROSS JOIN LATERAL (
+               SELECT extract(epoch FROM r.completed_at - r.started_at)::float8 AS seconds
+                 FROM ledger.job_execution_log AS r
+                WHERE r.job = l.job AND r.status = 'success'
+                  AND r.started_at >= now() - %(window)s::interval) AS r) AS h
+ GROUP BY h.job, h.bucket
+ ORDER BY h.job, h.bucket
+"""

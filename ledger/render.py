@@ -12,20 +12,24 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import date, datetime, timedelta
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from ledger.durations import format_duration
 from ledger.models import JobStatus
+from ledger.text import first_line
 
 STATUS_STYLES = {"success": "green", "failure": "red", "running": "cyan"}
+#: Characters of a run's error (its first line) in the runs table.
+ERROR_WIDTH = 70
 
 
 def console(*, stderr: bool = False) -> Console:
@@ -89,13 +93,6 @@ def timestamp(moment: datetime | None) -> str:
     if local.microsecond:
         return local.strftime("%Y-%m-%d %H:%M:%S.%f")[:-5]
     return local.strftime("%Y-%m-%d %H:%M:%S")
-
-
-def first_line(text: str | None, limit: int = 70) -> str:
-    if not text:
-        return ""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _status(status: str | None, reason: str | None = None) -> Text:
@@ -214,7 +211,7 @@ def runs_table(runs: Sequence[Mapping[str, Any]], now: datetime, title: str | No
                                    str(run["owner"]), str(run["token"])]
         if slots:
             cells.append(timestamp(run["slot"]))
-        cells += [started, took, first_line(run["error"])]
+        cells += [started, took, first_line(run["error"], limit=ERROR_WIDTH)]
         table.add_row(*cells)
     return table
 
@@ -228,3 +225,41 @@ def skipped_slots_table(rows: Sequence[Mapping[str, Any]], title: str | None = "
         table.add_row(str(row["job"]), timestamp(row["first_slot"]), timestamp(row["last_slot"]),
                       str(row["slot_count"]), str(row["reason"]))
     return table
+
+
+# -- report rows (`jobledger report`) ----------------------------------------------
+
+def cell_text(value: Any) -> str:
+    """A cell for people: ISO timestamps, intervals as [d day[s], ]h:mm:ss[.ffffff], JSON for jsonb."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    if isinstance(value, bytes):
+        return "\\x" + value.hex()
+    return str(value)
+
+
+def csv_cell(value: Any) -> Any:
+    """A CSV cell: empty for NULL, intervals in seconds, else as :func:`cell_text`."""
+    if value is None:
+        return ""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return cell_text(value)
+
+
+def rows_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], caption: str) -> Table:
+    """A query's rows; a column is right-aligned when all its values are numbers, NULL shows dim."""
+    table = Table(box=box.SIMPLE_HEAVY, caption=caption, caption_justify="left", min_width=len(caption))
+    numeric = [bool(rows) and all(isinstance(row[i], (int, float, Decimal)) and not isinstance(row[i], bool)
+                                  for row in rows if row[i] is not None)
+               for i in range(len(columns))]
+    for name, right in zip(columns, numeric):
+        table.add_column(name, justify="right" if right else "left")
+    for row in rows:
+        table.add_row(*("[dim]null[/dim]" if value is None else escape(cell_text(value)) for value in row))
+    return table
+

@@ -76,6 +76,8 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ErrorLevel, ParseError, SqlglotError, TokenError
 from sqlglot import Token, TokenType
 
+from ledger.text import first_line
+
 __all__ = [
     "ALLOWED_FUNCTIONS",
     "ALLOWED_SCHEMAS",
@@ -379,7 +381,7 @@ def _parse_one(sql: str) -> exp.Expr:
 def _unreadable(error: SqlglotError) -> ReportRejected:
     text = str(error).strip()
     if isinstance(error, (ParseError, TokenError)):
-        first = text.splitlines()[0] if text else type(error).__name__
+        first = first_line(error)
     else:
         first = " ".join(text.split()) or type(error).__name__
     return ReportRejected(f"report rejected: not SQL that the guard can read ({first})")

@@ -21,6 +21,16 @@ ttl/3), and ends the run with CMD's verdict.
   fence's business; stopping it early is ours.
 - SIGTERM/SIGINT/SIGHUP to the wrapper: forwarded to CMD (SIGKILL after the
   grace), the run is recorded ``cancelled``, the wrapper exits with CMD's code.
+- ``--timeout``: CMD running longer gets SIGTERM, SIGKILL after the grace; the
+  run fails with ``timeout: ran longer than ...``, exit 123. The job's
+  registered ``max_runtime`` does the same; the smaller of the two wins.
+- ``--retries N --backoff B``: a failed attempt (CMD's own non-zero exit or a
+  timeout; not a lost lease, a cancellation or a CMD that could not start) is
+  tried again, up to N more times, each attempt a run of its own (a new
+  ``start_run`` for the same slot, under the same lease rules: another owner
+  holding the job, or the slot done meanwhile, ends the retries). Between
+  attempts the wrapper waits B, doubled after each attempt, at most
+  :data:`BACKOFF_CAP` (or B when longer); a signal then ends the retries.
 - CMD's stderr passes through; its tail (bounded) goes into the run's error.
 
 Exit codes are in :data:`EXIT_CODES` (and the README).
@@ -43,10 +53,13 @@ from typing import IO, Any
 
 import psycopg
 
+from ledger import queries
 from ledger.client import Ledger, RunContext
 from ledger.durations import format_duration
 from ledger.errors import InvalidArgument, LeaseLost, LedgerError
+from ledger.text import first_line
 
+EXIT_TIMEOUT = 123
 EXIT_LEASE_LOST = 124
 EXIT_LEDGER_ERROR = 125
 EXIT_NOT_EXECUTABLE = 126
@@ -55,7 +68,9 @@ EXIT_NOT_FOUND = 127
 EXIT_CODES: dict[str, str] = {
     "0": "CMD succeeded (every due slot, for a scheduled job); or nothing ran: nothing due, job paused, "
          "or held by another owner (`skipped: held by ...`, see --skip-exit-code)",
-    "1-123": "CMD's own exit code: it failed, the run is recorded as failure with its stderr tail",
+    "1-122": "CMD's own exit code: it failed, the run is recorded as failure with its stderr tail",
+    "123": "--timeout: CMD ran longer and was stopped (SIGTERM, SIGKILL after --grace); "
+           "the run is recorded as failure, `timeout: ran longer than ...`",
     "124": "the lease was lost while CMD ran: CMD was stopped (SIGTERM, SIGKILL after --grace), "
            "the run is not a success",
     "125": "the wrapper could not start or end the run (database unreachable, ledger error): "
@@ -70,8 +85,7 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 TAIL_BYTES = 64 * 1024  # kept from CMD's stderr
 ERROR_CHARS = 2000  # of which the run's error keeps this many
 _POLL = 0.05
-
-_HAS_SCHEDULE = "SELECT j.schedule IS NOT NULL FROM ledger.jobs AS j WHERE j.job = %(job)s"
+BACKOFF_CAP = timedelta(minutes=10)  # the longest wait between two attempts (unless --backoff is longer)
 
 
 @dataclass(frozen=True)
@@ -83,6 +97,10 @@ class Options:
     skip_exit_code: int = 0
     verbose: bool = False
     dsn: str = ""  # handed to CMD as LEDGER_DSN (when not empty), so it can fence its writes
+    timeout: timedelta | None = None  # CMD is stopped after running this long
+    retries: int = 0  # a failed attempt is tried again up to this many times
+    backoff: timedelta = timedelta(seconds=30)  # the wait before the first retry, doubled each time
+    backfill: tuple[datetime, datetime] | None = None  # `jobledger backfill`: the slots of this range
 
 
 class CommandFailed(Exception):
@@ -101,7 +119,25 @@ class _Ending:
     error: str = ""
     lost: bool = False
     cancelled_by: int | None = None
+    timed_out: bool = False
+    unstartable: bool = False  # CMD could not be started (not found, not executable)
     detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.lost or self.cancelled_by is not None or self.code != 0
+
+    @property
+    def retryable(self) -> bool:
+        """CMD's own failure or a timeout: another attempt may succeed (a lost lease, a cancellation or a
+        CMD that could not start is not tried again)."""
+        return self.failed and not self.lost and self.cancelled_by is None and not self.unstartable
+
+
+def backoff_delay(backoff: timedelta, retry: int) -> timedelta:
+    """The wait before retry number ``retry`` (1 = the first): ``backoff`` doubled each time, at most
+    :data:`BACKOFF_CAP`, or ``backoff`` itself when that is longer."""
+    return min(backoff * (1 << min(retry - 1, 30)), max(BACKOFF_CAP, backoff))
 
 
 def exit_code(returncode: int) -> int:
@@ -198,18 +234,21 @@ class Wrapper:
     """Runs ``options.argv`` as runs of ``options.job``; :meth:`run` returns the exit code.
 
     ``conn`` (autocommit) answers whether the job has a schedule; each run
-    opens its own connection from the same conninfo for its start, heartbeats
-    and end (the client's run context).
+    opens its own connection for its start, heartbeats and end (the client's
+    run context) from ``options.dsn``, the conninfo ``conn`` was made from:
+    all of it, so that with a multi-host DSN a run follows a failover (the
+    connection itself only knows the host it reached).
     """
 
     def __init__(self, conn: psycopg.Connection[Any], options: Options, *, owner: str | None = None,
                  say: Callable[[str], None], stderr: IO[bytes] | None = None) -> None:
         self._conn = conn
-        self._ledger = Ledger(conn, owner=owner)
+        self._ledger = Ledger(conn, owner=owner, heartbeat_conninfo=options.dsn)
         self._options = options
         self._say = say
         self._stderr = stderr if stderr is not None else getattr(sys.stderr, "buffer", None)
         self._signals = Signals()
+        self._max_runtime: timedelta | None = None  # the job's registered max_runtime, read by _loop
 
     def run(self) -> int:
         with self._signals:
@@ -219,46 +258,87 @@ class Wrapper:
                 self._say(str(error))
                 return EXIT_LEASE_LOST
             except (psycopg.Error, LedgerError) as error:
-                lines = str(error).strip().splitlines() or [type(error).__name__]
+                message = first_line(error)
                 hint = ""
-                if isinstance(error, InvalidArgument) and "ttl is required" in lines[0]:
+                if isinstance(error, InvalidArgument) and "ttl is required" in message:
                     hint = f" (pass --ttl, or register it: jobledger register {self._options.job} --ttl ...)"
-                self._say(f"error: {lines[0]}{hint}")
+                self._say(f"error: {message}{hint}")
                 return EXIT_LEDGER_ERROR
 
     # -- the runs --------------------------------------------------------------
 
     def _loop(self) -> int:
         job = self._options.job
-        scheduled = self._has_schedule(job)
+        scheduled, self._max_runtime = self._job_options(job)
         ran = 0
         while True:
             if self._signals.received:  # told to stop between two runs
                 return 128 + self._signals.received[0]
-            run = RunContext(self._ledger, job, ttl=self._options.ttl, due=scheduled)
-            ending: _Ending | None = None
-            try:
-                with run:
-                    if not run.started:
-                        return self._not_started(run, ran)
-                    ran += 1
-                    self._report_start(run)
-                    ending = self._execute(run)
-                    run.detail.update(ending.detail)
-                    # Leave the block the way CMD ended: the context records it.
-                    if ending.cancelled_by is not None:
-                        raise Cancelled(ending.error)
-                    if ending.lost or ending.code != 0:
-                        raise CommandFailed(ending.error)
-            except (Cancelled, CommandFailed):
-                assert ending is not None
-                self._report_end(run, ending)
+            run = RunContext(self._ledger, job, ttl=self._options.ttl, due=scheduled,
+                             backfill=self._options.backfill)
+            ending = self._attempt(run, 1)
+            if ending is None:
+                return self._not_started(run, ran)
+            ran += 1
+            attempt = 1
+            while ending.retryable and attempt <= self._options.retries:
+                wait = backoff_delay(self._options.backoff, attempt)
+                self._say(f"attempt {attempt} of {self._options.retries + 1} failed: retrying in "
+                          f"{format_duration(wait)}")
+                if not self._sleep(wait):
+                    number = self._signals.received[0]
+                    self._say(f"{signal_name(number)} received: no more retries")
+                    return 128 + number
+                attempt += 1
+                # The same slot (None for a job without schedule): a run of its own, a new start_run.
+                retry = RunContext(self._ledger, job, ttl=self._options.ttl, slot=run.slot)
+                next_ending = self._attempt(retry, attempt)
+                if next_ending is None:  # another owner holds the job, or the slot is done meanwhile
+                    self._not_started(retry, ran)
+                    return 0 if retry.outcome == "already_done" else self._failure_code(ending)
+                run, ending = retry, next_ending
+            if ending.failed:
                 # The loop stops at a run that did not succeed: its slot is retried next time.
-                return EXIT_LEASE_LOST if ending.lost else ending.code
-            assert ending is not None
-            self._report_end(run, ending)
-            if not scheduled:
+                return self._failure_code(ending)
+            if not scheduled and self._options.backfill is None:
                 return 0
+
+    def _attempt(self, run: RunContext, attempt: int) -> _Ending | None:
+        """One run: CMD under ``run``, ended the way CMD ended; None when the ledger did not start it."""
+        ending: _Ending | None = None
+        try:
+            with run:
+                if not run.started:
+                    return None
+                self._report_start(run)
+                ending = self._execute(run)
+                run.detail.update(ending.detail)
+                if self._options.retries:
+                    run.detail["attempt"] = attempt
+                # Leave the block the way CMD ended: the context records it.
+                if ending.cancelled_by is not None:
+                    raise Cancelled(ending.error)
+                if ending.failed:
+                    raise CommandFailed(ending.error)
+        except (Cancelled, CommandFailed):
+            assert ending is not None
+        assert ending is not None
+        self._report_end(run, ending)
+        return ending
+
+    @staticmethod
+    def _failure_code(ending: _Ending) -> int:
+        return EXIT_LEASE_LOST if ending.lost else ending.code
+
+    def _sleep(self, duration: timedelta) -> bool:
+        """Waits ``duration``; False as soon as a signal came (the retries stop)."""
+        deadline = time.monotonic() + duration.total_seconds()
+        while not self._signals.received:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            time.sleep(min(left, _POLL))
+        return False
 
     def _not_started(self, run: RunContext, ran: int) -> int:
         job, outcome = self._options.job, run.outcome
@@ -270,9 +350,31 @@ class Wrapper:
             self._say(f"paused: job {job} is paused (jobledger resume {job})")
         elif outcome == "already_done":
             self._say(f"already done: job {job}'s slot {_local(run.slot)} succeeded or is running")
+        elif outcome == "nothing_due" and self._options.backfill is not None:
+            first, last = self._options.backfill
+            self._say(f"backfill of job {job}: {ran} slot{'' if ran == 1 else 's'} run; none left from "
+                      f"{_local(first)} to {_local(last)} that has not succeeded")
+        elif outcome == "nothing_due" and (racing := self._racing_holder(run)) is not None:
+            # Another host runs the due slot right now: a skip, said as one.
+            self._say(f"nothing due: {racing}")
+            return self._options.skip_exit_code if ran == 0 else 0
         elif self._options.verbose:  # nothing_due: the normal quiet end of a catch-up
             self._say(f"{'caught up' if ran else 'nothing due'}: job {job}")
         return 0
+
+    def _racing_holder(self, run: RunContext) -> str | None:
+        """When another owner's live run holds the job: ``slot ... of job J is being run by O (lease until
+        ...)``, from the start row when it names the holder, else from the log."""
+        job = self._options.job
+        if run.holder is not None and run.holder != run.owner:
+            slot, holder, until = run.slot, run.holder, run.holder_expires_at
+        else:
+            row = self._conn.execute(queries.RUNNING_HOLDER, {"job": job}).fetchone()
+            if row is None or row[2] == run.owner:
+                return None
+            _, slot, holder, until = row
+        what = f"slot {_local(slot)} of job {job}" if slot is not None else f"job {job}"
+        return f"{what} is being run by {holder} (lease until {_local(until)})"
 
     # -- the command -------------------------------------------------------------
 
@@ -303,23 +405,32 @@ class Wrapper:
         try:
             process = subprocess.Popen(argv, env=self._environment(run), stderr=subprocess.PIPE, **group)
         except FileNotFoundError as error:
-            return _Ending(EXIT_NOT_FOUND, f"command not found: {argv[0]} ({error.strerror})", detail=detail)
+            return _Ending(EXIT_NOT_FOUND, f"command not found: {argv[0]} ({error.strerror})", unstartable=True,
+                           detail=detail)
         except PermissionError as error:
             return _Ending(EXIT_NOT_EXECUTABLE, f"command not executable: {argv[0]} ({error.strerror})",
-                           detail=detail)
+                           unstartable=True, detail=detail)
         assert process.stderr is not None
         tail = StderrTail(process.stderr, self._stderr)
-        ending = self._supervise(process, run)
-        ending.detail = {**detail, "exit_code": ending.code, "seconds": round(time.monotonic() - started, 3)}
+        ending = self._supervise(process, run, started)
+        ending.detail = {**detail, "exit_code": ending.code, "seconds": round(time.monotonic() - started, 3),
+                         **ending.detail}
         stderr_tail = tail.text()
         if ending.lost or ending.cancelled_by is not None or ending.code != 0:
             ending.error += f"\n--- stderr (tail) ---\n{stderr_tail}" if stderr_tail else ""
         return ending
 
-    def _supervise(self, process: subprocess.Popen[bytes], run: RunContext) -> _Ending:
+    def _supervise(self, process: subprocess.Popen[bytes], run: RunContext, started: float) -> _Ending:
         grace = self._options.grace.total_seconds()
+        # --timeout and the job's registered max_runtime: the smaller wins
+        timeout = self._options.timeout
+        what = ""  # said after the duration when it is the job's max_runtime
+        if self._max_runtime is not None and (timeout is None or self._max_runtime < timeout):
+            timeout, what = self._max_runtime, " (the job's max_runtime)"
+        deadline = started + timeout.total_seconds() if timeout is not None else None
         forwarded = 0
         lost_at: float | None = None
+        timed_out_at: float | None = None
         kill_at: float | None = None
         killed = False
         while True:
@@ -338,6 +449,12 @@ class Wrapper:
                 self._say(f"lease lost: stopping the command (SIGTERM, SIGKILL in {format_duration(self._options.grace)})")
                 self._signal(process, signal.SIGTERM)
                 kill_at = min(kill_at, now + grace) if kill_at is not None else now + grace
+            if deadline is not None and timed_out_at is None and lost_at is None and now >= deadline:
+                timed_out_at = now
+                self._say(f"timeout: the command ran longer than {format_duration(timeout)}{what}: stopping it "
+                          f"(SIGTERM, SIGKILL in {format_duration(self._options.grace)})")
+                self._signal(process, signal.SIGTERM)
+                kill_at = min(kill_at, now + grace) if kill_at is not None else now + grace
             if kill_at is not None and not killed and now >= kill_at:
                 self._signal(process, signal.SIGKILL)
                 killed = True
@@ -353,6 +470,14 @@ class Wrapper:
             number = self._signals.received[0]
             return _Ending(code, f"{signal_name(number)} received and forwarded to the command; {status}",
                            cancelled_by=number)
+        if timed_out_at is not None:
+            self._signal(process, signal.SIGKILL)  # what CMD left behind in its group goes with it
+            how = "SIGTERM, then SIGKILL after the grace" if killed else "SIGTERM"
+            return _Ending(EXIT_TIMEOUT, f"timeout: ran longer than {format_duration(timeout)}{what}; command "
+                           f"stopped with {how}; {status}", timed_out=True,
+                           detail={"timeout_seconds": timeout.total_seconds() if timeout else None,
+                                   "timeout_from": "max_runtime" if what else "--timeout",
+                                   "command_exit_code": code})
         return _Ending(code, "" if code == 0 else status)
 
     @staticmethod
@@ -364,9 +489,10 @@ class Wrapper:
 
     # -- what the ledger says about the job -------------------------------------------
 
-    def _has_schedule(self, job: str) -> bool:
-        row = self._conn.execute(_HAS_SCHEDULE, {"job": job}).fetchone()
-        return bool(row and row[0])
+    def _job_options(self, job: str) -> tuple[bool, timedelta | None]:
+        """Whether the job has a schedule, and its registered max_runtime (one read, before the runs)."""
+        row = self._conn.execute(queries.JOB_RUN_OPTIONS, {"job": job}).fetchone()
+        return (bool(row[0]), row[1]) if row else (False, None)
 
     # -- messages -------------------------------------------------------------------
 
@@ -383,7 +509,7 @@ class Wrapper:
             if self._options.verbose:
                 self._say(f"run {result.run_id} succeeded")
             return
-        summary = ending.error.splitlines()[0] if ending.error else (result.error or "")
+        summary = first_line(ending.error) if ending.error else (result.error or "")
         verdict = "cancelled" if result.failure_reason == "cancelled" else f"failed ({result.failure_reason})"
         self._say(f"run {result.run_id} {verdict}: {summary}")
 

@@ -35,10 +35,16 @@ CREATE FUNCTION ledger._max_backfill() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1000 $$;
 
--- purge_log's horizon.
+-- The most slots one schedule preview lists (next_slots, preview_slots).
+CREATE FUNCTION ledger._max_preview_slots() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1000 $$;
+
+-- purge_log's horizon: 100 years of 365 days. In days, since a duration
+-- has no month part (ledger._check_duration).
 CREATE FUNCTION ledger._max_older_than() RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT interval '100 years' $$;
+AS $$ SELECT interval '36500 days' $$;
 
 -- A run's detail (JSON text) and a failure's error text.
 CREATE FUNCTION ledger._max_detail_bytes() RETURNS integer
@@ -75,3 +81,35 @@ AS $$ SELECT value !~ '[\u0001-\u001F\u007F-\u00A0\u00AD\u0600-\u0605\u061C\u06D
 -- visible. The functions raise 22023 first; this is the backstop.
 CREATE DOMAIN ledger.label AS text
     CONSTRAINT label_valid CHECK (char_length(VALUE) BETWEEN 1 AND 200 AND ledger._is_visible_text(VALUE));
+
+-- A job's health bounds (late_after, down_after, min_runtime, max_runtime):
+-- an exact duration up to a year of 365 days.
+CREATE FUNCTION ledger._max_health_bound() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '365 days' $$;
+
+-- pause_after_failures: 1 to 1000 failures in a row.
+CREATE FUNCTION ledger._max_pause_after_failures() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1000 $$;
+
+-- ledger.job_health: a job with this many slots missed (past its grace) is
+-- down; a cron job's missed slots are counted over at most this far back
+-- (beyond it the count reads "at least").
+CREATE FUNCTION ledger._down_after_slots() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 3 $$;
+
+CREATE FUNCTION ledger._missed_horizon() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '8784 hours' $$;
+
+-- ledger.ttl_advice: no advice before this many successes, and never a
+-- ttl under this floor.
+CREATE FUNCTION ledger._advice_min_runs() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 5 $$;
+
+CREATE FUNCTION ledger._advice_min_ttl() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '1 second' $$;

@@ -72,11 +72,27 @@ CREATE TYPE ledger.schedule_spec AS (
 
 -- ---------------------------------------------------------------- validation
 
--- A schedule's time zone must be an IANA zone name. The server also loads
--- POSIX strings ('UTC+3' is three hours west, 'EST5EDT,M3.2.0,M11.1.0' has its
--- own DST rules), numeric offsets and abbreviations ('PST' never changes to
--- PDT), and leap-second 'right/' zones (off by the leap seconds): each would
--- silently fire at other times than the client meant.
+-- A schedule's time zone must be a time zone name: a zone of the server's
+-- tz database, which means the same on every host and in every session.
+-- The server also loads POSIX TZ strings ('UTC+3' is three hours west,
+-- 'EST5EDT,M3.2.0,M11.1.0' has its own DST rules, and so are 'Mars/Olympus2'
+-- and 'Etc/GMT-15': anything with a digit after its name, slash or not),
+-- numeric offsets, abbreviations ('PST' never changes to PDT; 'CET' read as
+-- an abbreviation has no DST, and AT TIME ZONE reads it so, by the session's
+-- timezone_abbreviations), leap-second 'right/' zones (off by the leap
+-- seconds) and the host's own 'localtime' and 'posixrules' (whatever the
+-- server's machine is set to): each would silently fire at other times than
+-- the client meant, or differently on another server. So:
+--   a name the server does not load is unknown;
+--   'right/...', 'localtime' and 'posixrules' are refused by name;
+--   a name with a slash and no digit that the server loads is a zone file
+--     (a POSIX TZ string needs a digit: its offset), the usual case, decided
+--     without the catalog;
+--   any other name must be a zone of pg_timezone_names (case-insensitive),
+--     and a name without a slash must not be a time zone abbreviation
+--     either, the UTC aliases of ledger._is_utc aside.
+-- The catalog is slow (it reads every zone file: some 30 ms), hence the
+-- shortcut.
 CREATE FUNCTION ledger._check_time_zone(time_zone text)
 RETURNS void
 LANGUAGE plpgsql
@@ -93,6 +109,12 @@ BEGIN
             MESSAGE = format('invalid time_zone %L: not an IANA time zone name', time_zone),
             DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
     END IF;
+    IF lower(time_zone) ~ '(^|/)(localtime|posixrules)$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('invalid time_zone %L: it is whatever zone the server''s host is set to; '
+                             'name the zone (such as Europe/Berlin)', time_zone),
+            DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
+    END IF;
     BEGIN
         PERFORM timestamptz '2000-01-01 00:00+00' AT TIME ZONE time_zone;
     EXCEPTION WHEN OTHERS THEN
@@ -100,14 +122,24 @@ BEGIN
             MESSAGE = format('invalid time_zone %L: unknown time zone', time_zone),
             DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
     END;
-    -- A name with a slash that the server loads is a zone file. Without one it
-    -- may be an abbreviation ('PST') or a POSIX string ('abc3'), which the
-    -- server also accepts: ask the (slow) catalog of zone names.
-    IF position('/' in time_zone) = 0 AND upper(time_zone) NOT IN ('UTC', 'GMT')
-       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names
-                       WHERE lower(name) = lower(time_zone)) THEN
+    IF position('/' in time_zone) > 0 AND time_zone !~ '[0-9]' THEN
+        RETURN;  -- a zone file: the usual case
+    END IF;
+    IF position('/' in time_zone) = 0 AND ledger._is_utc(time_zone) THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names n WHERE lower(n.name) = lower(time_zone)) THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('invalid time_zone %L: not a time zone name (abbreviations are not accepted)', time_zone),
+            MESSAGE = format('invalid time_zone %L: not a time zone name (PostgreSQL reads it as a POSIX TZ '
+                             'string or an abbreviation, which are not accepted)', time_zone),
+            DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
+    END IF;
+    IF position('/' in time_zone) = 0
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_abbrevs a WHERE lower(a.abbrev) = lower(time_zone)) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('invalid time_zone %L: PostgreSQL reads it as a time zone abbreviation, with a fixed '
+                             'offset (abbreviations are not accepted); name the zone (such as Europe/Paris)',
+                             time_zone),
             DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
     END IF;
 END
@@ -147,7 +179,14 @@ $$;
 -- One cron field as a bit mask (bit n set <=> value n matches), so that the
 -- evaluators answer every question about it with bit operations. The field
 -- is comma-separated items, each '*', 'a' or 'a-b', optionally followed by
--- '/step'; 'a/step' means 'a-high/step' (Vixie cron).
+-- '/step'; 'a/step' means 'a-high/step' (Vixie cron). A range a-b with
+-- a > b is refused, except in the day-of-week field (0 to 7, both Sunday) a
+-- range that ends on Sunday written as 0 or 'sun': it ends at 7, as cronie
+-- reads it since its 2025 fix ('sat-sun' is 6-7, 'fri-0' is 5-7, 'mon-sun'
+-- is 1-7; cronie before 1.6 refused them, 1.6 to 1.7.2 set no day for
+-- them). With a step ('mon-sun/2') cronie still sets no day, so that one is
+-- refused, with the way to write it ('1-7/2'). Other wrap-arounds
+-- ('fri-mon') stay refused: cronie sets no day for them either.
 CREATE FUNCTION ledger._cron_field(schedule text, field text, label text, low integer, high integer, names text[])
 RETURNS bigint
 LANGUAGE plpgsql
@@ -155,6 +194,8 @@ IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_sunday       CONSTANT integer := 0;
+    v_sunday_again CONSTANT integer := 7;   -- the day-of-week field's high end: Sunday once more
     v_mask      bigint := 0::bigint;
     v_item      text;
     v_range     text;     -- the item without its '/step'
@@ -207,7 +248,16 @@ BEGIN
             v_first := ledger._cron_value(schedule, v_bounds[1], label, low, high, names);
             IF cardinality(v_bounds) = 2 THEN
                 v_last := ledger._cron_value(schedule, v_bounds[2], label, low, high, names);
-                IF v_first > v_last THEN
+                IF v_first > v_last AND v_last = v_sunday AND high = v_sunday_again AND v_step IS NULL THEN
+                    v_last := v_sunday_again;   -- cronie: 'sat-sun' is 6-7, 'mon-0' is 1-7
+                END IF;
+                IF v_first > v_last AND v_last = v_sunday AND high = v_sunday_again THEN
+                    RAISE EXCEPTION USING ERRCODE = '22023',
+                        MESSAGE = format('invalid schedule %L: range %L in the %s field ends on Sunday as 0 '
+                                         'and has a step, which cronie runs on no day; write Sunday as 7 (%s-7/%s)',
+                                         schedule, v_item, label, v_first, v_step),
+                        DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
+                ELSIF v_first > v_last THEN
                     RAISE EXCEPTION USING ERRCODE = '22023',
                         MESSAGE = format('invalid schedule %L: reversed range %L in the %s field',
                                          schedule, v_range, label),

@@ -12,7 +12,26 @@ CREATE TABLE ledger.jobs (
     updated_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
     -- The schedule parsed once, at registration (see 15_schedule_eval.sql).
     schedule_spec ledger.schedule_spec,
+    -- Health bounds (ledger.job_health), all optional: the grace before a
+    -- due slot not started is late; no success for longer than down_after
+    -- is down; a success shorter than min_runtime is too fast; a run longer
+    -- than max_runtime overruns (and `jobledger run` stops it there); the
+    -- end of the Nth failure in a row pauses the job.
+    late_after           interval,
+    down_after           interval,
+    min_runtime          interval,
+    max_runtime          interval,
+    pause_after_failures integer,
+    -- When and why the job was paused: 'operator' (pause_job) or 'failures'
+    -- (pause_after_failures); NULL while it runs free.
+    paused_at     timestamptz,
+    pause_reason  text,
     CONSTRAINT jobs_ttl_positive CHECK (ttl > interval '0'),
+    CONSTRAINT jobs_bounds_positive CHECK (late_after > interval '0' AND down_after > interval '0'
+                                           AND min_runtime > interval '0' AND max_runtime > interval '0'
+                                           AND pause_after_failures >= 1),
+    CONSTRAINT jobs_pause_reason_valid CHECK (pause_reason IS NULL
+                                              OR (pause_reason IN ('operator', 'failures') AND paused)),
     CONSTRAINT jobs_max_backfill_positive CHECK (max_backfill >= 1),
     CONSTRAINT jobs_schedule_parsed CHECK ((schedule IS NULL) = (schedule_spec IS NULL))
 );
@@ -79,6 +98,9 @@ CREATE TABLE ledger.job_execution_log (
     failure_reason  text,
     error           text,
     detail          jsonb,
+    -- An operator asked the run to stop (ledger.request_cancel): the
+    -- holder's next heartbeat ends it as cancelled and answers NULL.
+    cancel_requested_at timestamptz,
     CONSTRAINT log_status_valid CHECK (status IN ('running', 'success', 'failure')),
     CONSTRAINT log_failure_reason_valid
         CHECK (failure_reason IN ('error', 'lease_expired', 'superseded', 'cancelled')),
@@ -118,11 +140,52 @@ CREATE TABLE ledger.counters (
     skipped_overlap  bigint NOT NULL DEFAULT 0,
     skipped_backfill bigint NOT NULL DEFAULT 0,
     leases_lost      bigint NOT NULL DEFAULT 0,
+    -- The job's state as the whole-ledger reads (job_status, alerts,
+    -- ttl_advice) need it, kept up to date by the functions that write the
+    -- log (start, end, reap, purge) in the same statement as the counters,
+    -- so that those reads cost per job, not per log row. Each is what the
+    -- log says (ledger._refresh_state recomputes them from it):
+    --   last_*          the run that started last (started_at, run_id);
+    --   last_success_*  the success that started last;
+    --   running_*       the running run;
+    --   done_slot       the newest slot that succeeded;
+    --   longest_success the longest successful run;
+    --   consecutive_failures  failures started after the last success started.
+    last_run_id             bigint,
+    last_status             text,
+    last_started_at         timestamptz,
+    last_completed_at       timestamptz,
+    last_success_started_at timestamptz,
+    last_success_at         timestamptz,
+    running_run_id          bigint,
+    running_token           bigint,
+    running_started_at      timestamptz,
+    done_slot               timestamptz,
+    longest_success         interval,
+    consecutive_failures    bigint NOT NULL DEFAULT 0,
     CONSTRAINT counters_non_negative CHECK (
         runs_started >= 0 AND successes >= 0 AND failures >= 0
-        AND skipped_overlap >= 0 AND skipped_backfill >= 0 AND leases_lost >= 0)
+        AND skipped_overlap >= 0 AND skipped_backfill >= 0 AND leases_lost >= 0
+        AND consecutive_failures >= 0)
 );
-COMMENT ON TABLE ledger.counters IS 'Monotonic per-job counters behind ledger.job_counters';
+COMMENT ON TABLE ledger.counters IS 'Monotonic per-job counters behind ledger.job_counters, and each job''s state from the log';
+
+-- Skips counted without a WAL flush: a skip (another owner's live lease)
+-- writes only this UNLOGGED table, so its commit waits for no disk, and it
+-- issues no token. One row per job and backend shard (pg_backend_pid() % 16),
+-- so concurrent skippers of one hot job rarely wait for each other. The
+-- ending of a run folds the job's pending skips into ledger.counters (rows it
+-- can lock without waiting); a crash loses at most the skips not folded yet
+-- (harmless: no decision depends on a skip count). ledger.job_counters adds
+-- both.
+CREATE UNLOGGED TABLE ledger.skip_counts (
+    job             ledger.label NOT NULL,
+    shard           smallint    NOT NULL,
+    skipped_overlap bigint      NOT NULL DEFAULT 0,
+    CONSTRAINT skip_counts_pkey PRIMARY KEY (job, shard),
+    CONSTRAINT skip_counts_non_negative CHECK (skipped_overlap >= 0)
+);
+COMMENT ON TABLE ledger.skip_counts IS 'Skips not yet folded into ledger.counters (unlogged: a skip costs no WAL flush)';
 
 -- What purge_log must not forget: a slot or an idempotency key that
 -- succeeded answers already_done for ever, even once its run row is gone.

@@ -86,11 +86,17 @@ END
 $$;
 
 -- A duration argument (ttl, older_than): NULL passes (the caller decides
--- whether it is required). Every part must be non-negative, so that adding it
--- to an instant moves forward whatever the calendar ('-1 year 361 days' is
--- "positive" by interval comparison, yet lands before its start), and the
--- whole must lie in (0, upper]: the views add and multiply these values, and
--- a bound keeps every result in timestamptz's range.
+-- whether it is required). A duration is an exact length of time, so:
+--   no month part ('1 month', '1 year'): a month has no fixed length, and
+--   interval comparison would count it as 30 days, so '1 month' would slip
+--   past a '30 days' bound as 31 days of calendar;
+--   every other part non-negative, so that adding it to an instant moves
+--   forward ('1 day -1 hour' is positive by interval comparison, yet its
+--   parts pull apart across a DST change);
+--   the whole in (0, upper]: the views add and multiply these values, and a
+--   bound keeps every result in timestamptz's range.
+-- A day counts as 24 hours: the callers fold it so (ledger._exact) before
+-- any arithmetic, which therefore never depends on the session's TimeZone.
 CREATE FUNCTION ledger._check_duration(value interval, arg text, upper interval)
 RETURNS void
 LANGUAGE plpgsql
@@ -101,14 +107,38 @@ BEGIN
     IF value IS NULL THEN
         RETURN;
     END IF;
+    IF date_trunc('month', value) <> interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument %s must be an exact duration: no month or year part (give days or hours, '
+                             'at most %s)', arg, upper),
+            DETAIL = jsonb_build_object('argument', arg, 'value', value::text, 'max', upper::text,
+                                        'months', extract(year FROM value) * 12 + extract(month FROM value))::text;
+    END IF;
     IF value <= interval '0' OR value > upper
-       OR date_trunc('month', value) < interval '0'
-       OR date_trunc('day', value) - date_trunc('month', value) < interval '0'
+       OR date_trunc('day', value) < interval '0'
        OR value - date_trunc('day', value) < interval '0' THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('argument %s must be positive, with no negative part, and at most %s', arg, upper),
             DETAIL = jsonb_build_object('argument', arg, 'value', value::text, 'max', upper::text)::text;
     END IF;
+END
+$$;
+
+-- A checked duration as exact time: its day part folded into hours, a day
+-- being 24 hours ('1 day 02:00' becomes '26:00:00'). Adding an interval with
+-- a day part to a timestamptz follows the session's TimeZone ('1 day' across
+-- a DST change is 23 or 25 hours there); adding this one does not. Every
+-- ttl and older_than is used, and stored, in this form.
+CREATE FUNCTION ledger._exact(value interval)
+RETURNS interval
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_days integer := extract(day FROM value)::integer;
+BEGIN
+    RETURN value - make_interval(days => v_days) + make_interval(hours => 24 * v_days);
 END
 $$;
 
@@ -159,8 +189,8 @@ BEGIN
 END
 $$;
 
--- The ttl to use: the argument, else the job's registered ttl; 22023 when
--- neither is there or the value is not positive.
+-- The ttl to use, exact (ledger._exact): the argument, else the job's
+-- registered ttl; 22023 when neither is there or the value is out of bounds.
 CREATE FUNCTION ledger._resolve_ttl(job text, ttl interval)
 RETURNS interval
 LANGUAGE plpgsql
@@ -179,7 +209,7 @@ BEGIN
         END IF;
     END IF;
     PERFORM ledger._check_ttl(v_ttl);
-    RETURN v_ttl;
+    RETURN ledger._exact(v_ttl);
 END
 $$;
 
@@ -250,10 +280,16 @@ CREATE FUNCTION ledger._lock_wait() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $x$ SELECT '1s'::text $x$;
 
--- The job's lease row for a caller that wants to take it, as one of:
---   'held'    another owner's live lease, read without a lock: the caller
---             skips, and a skip takes no row lock and waits for nobody;
---   'locked'  the row, locked FOR UPDATE, as it is now;
+-- The lease row of a job for a caller that wants to take it: the callers'
+-- first statement takes it locked when nobody holds it and no other
+-- transaction has it (FOR UPDATE SKIP LOCKED, free, expired, released or
+-- already the caller's); their second reads it without a lock, and another
+-- owner's live lease there is a skip that locks nothing. This is the rest:
+-- the row is missing, or another transaction has it. Answers one of
+--   'held'    another owner's live lease, as committed now: the caller
+--             skips; it took no row lock (the wait below locks only a row
+--             that is still free once its holder let go);
+--   'locked'  the row, locked FOR UPDATE, free, expired or the caller's;
 --   'created' no row existed: a new one, locked, leased to `owner` with the
 --             job's first token;
 --   'busy'    another transaction held the row past ledger._lock_wait():
@@ -268,33 +304,31 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_wait text;
+    v_wait text := current_setting('lock_timeout');
 BEGIN
-    SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job;
-    IF FOUND THEN
-        IF lease.released_at IS NULL AND lease.expires_at > clock_timestamp()
-           AND lease.owner <> _lock_lease.owner THEN
-            state := 'held';
-            RETURN;
-        END IF;
-        -- The usual case: nobody else is writing this job right now.
-        SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
-            state := 'locked';
-            RETURN;
-        END IF;
-    END IF;
-
-    -- Another transaction holds the row (or is inserting it): wait for it,
-    -- within the bound. The block is a subtransaction, paid only here.
-    v_wait := current_setting('lock_timeout');
+    -- Wait for the other transaction, within the bound. The block is a
+    -- subtransaction, paid only here.
     BEGIN
         PERFORM set_config('lock_timeout', ledger._lock_wait(), true);
         FOR attempt IN 1 .. 3 LOOP
-            SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job FOR UPDATE;
+            -- Re-checked once the holder let go (READ COMMITTED): a row that
+            -- another owner now holds live is not locked, and is a skip.
+            SELECT * INTO lease FROM ledger.leases l
+             WHERE l.job = _lock_lease.job
+               AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp() OR l.owner = _lock_lease.owner)
+               FOR UPDATE;
             IF FOUND THEN
                 state := 'locked';
                 EXIT;
+            END IF;
+            SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job;
+            IF FOUND THEN
+                IF lease.released_at IS NULL AND lease.expires_at > clock_timestamp()
+                   AND lease.owner <> _lock_lease.owner THEN
+                    state := 'held';
+                    EXIT;
+                END IF;
+                CONTINUE;  -- changed in between: look again
             END IF;
             INSERT INTO ledger.leases (job, owner, token, ttl, acquired_at, expires_at, timeline)
             SELECT _lock_lease.job, _lock_lease.owner, ledger._next_token(NULL, NULL, timeline),
@@ -319,11 +353,12 @@ BEGIN
 END
 $$;
 
--- Count a skip without waiting past `wait` for the job's counters row, which
--- another open transaction may hold (the skip path holds no lease row lock):
--- ledger._lock_wait(), or a few milliseconds when the caller already waited
--- that long for the lease row. A skip count lost that way is harmless; a
--- hang is not.
+-- Count a skip without a WAL flush and without waiting past `wait` for the
+-- job's skip row, which another open transaction may hold (the skip path
+-- holds no lease row lock): ledger._lock_wait(), or a few milliseconds when
+-- the caller already waited that long for the lease row. The callers try
+-- the plain UPDATE of their shard's row first; this is the rest (the row is
+-- missing, or locked). A skip count lost that way is harmless; a hang is not.
 CREATE FUNCTION ledger._count_skip(job text, wait text)
 RETURNS void
 LANGUAGE plpgsql
@@ -331,25 +366,158 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_wait text;
+    v_wait text := current_setting('lock_timeout');
 BEGIN
-    UPDATE ledger.counters c SET skipped_overlap = c.skipped_overlap + 1
-      FROM (SELECT t.job FROM ledger.counters t WHERE t.job = _count_skip.job
-               FOR UPDATE SKIP LOCKED) free_
-     WHERE c.job = free_.job;
-    IF FOUND THEN
-        RETURN;
-    END IF;
-    v_wait := current_setting('lock_timeout');
     BEGIN
         PERFORM set_config('lock_timeout', wait, true);
-        PERFORM ledger._count(job, skipped_overlap => 1);
+        INSERT INTO ledger.skip_counts AS s (job, shard, skipped_overlap)
+        VALUES (_count_skip.job, (pg_backend_pid() % 16)::smallint, 1)
+        ON CONFLICT ON CONSTRAINT skip_counts_pkey DO UPDATE SET skipped_overlap = s.skipped_overlap + 1;
         PERFORM set_config('lock_timeout', v_wait, true);
     EXCEPTION WHEN lock_not_available THEN
         NULL;
     END;
 END
 $$;
+
+-- Close a running run as failed because its lease was lost: true when it
+-- was running. The caller holds the job's lease row lock and does the
+-- counting (ledger._close_lost).
+CREATE FUNCTION ledger._close_run(run_id bigint, reason text, at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE ledger.job_execution_log r
+       SET status = 'failure',
+           failure_reason = reason,
+           completed_at = greatest(at, r.started_at),
+           error = CASE reason
+                       WHEN 'superseded' THEN 'lease superseded by a newer token'
+                       ELSE 'lease expired before the run ended'
+                   END
+     WHERE r.run_id = _close_run.run_id AND r.status = 'running';
+    RETURN FOUND;
+END
+$$;
+
+-- A running run closed as failed because its lease was lost (lease_expired,
+-- superseded): the run row, and the job's counters and state. The caller
+-- holds the job's lease row lock.
+CREATE FUNCTION ledger._close_lost(run ledger.job_execution_log, reason text, at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_end    timestamptz := greatest(at, run.started_at);
+    v_streak bigint;
+BEGIN
+    IF NOT ledger._close_run(run.run_id, reason, v_end) THEN
+        RETURN;
+    END IF;
+    INSERT INTO ledger.counters AS c (job, failures, leases_lost, consecutive_failures,
+                                      last_run_id, last_status, last_started_at, last_completed_at)
+    VALUES (run.job, 1, 1, 1, run.run_id, 'failure', run.started_at, v_end)
+    ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
+        failures             = c.failures + 1,
+        leases_lost          = c.leases_lost + 1,
+        consecutive_failures = c.consecutive_failures
+                               + CASE WHEN run.started_at > coalesce(c.last_success_started_at, '-infinity')
+                                      THEN 1 ELSE 0 END,
+        last_status          = CASE WHEN c.last_run_id = run.run_id THEN 'failure' ELSE c.last_status END,
+        last_completed_at    = CASE WHEN c.last_run_id = run.run_id THEN v_end ELSE c.last_completed_at END,
+        running_run_id       = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_run_id END,
+        running_token        = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_token END,
+        running_started_at   = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_started_at END
+    RETURNING c.consecutive_failures INTO v_streak;
+    PERFORM ledger._auto_pause(run.job, v_streak, v_end);
+END
+$$;
+
+-- The end of a failure that made `streak` failures in a row pauses the job
+-- when its pause_after_failures is at most that (in the transaction of the
+-- end); a job paused already stays as it is.
+CREATE FUNCTION ledger._auto_pause(job text, streak bigint, at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE ledger.jobs j SET paused = true, paused_at = at, pause_reason = 'failures', updated_at = at
+     WHERE j.job = _auto_pause.job AND NOT j.paused AND j.pause_after_failures <= streak;
+END
+$$;
+
+-- The jobs' state in ledger.counters recomputed from the log, exactly as
+-- the state columns define it: after purge_log removed runs, and after a
+-- write to the log that did not come through the ledger's functions (a
+-- superuser's UPDATE, a bulk load: see ledger._foreign_log_write). A job
+-- with runs but no counters row gets one (zero counters).
+CREATE FUNCTION ledger._refresh_state(jobs text[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO ledger.counters (job)
+    SELECT DISTINCT r.job FROM ledger.job_execution_log r WHERE r.job = ANY (jobs)
+    ON CONFLICT ON CONSTRAINT counters_pkey DO NOTHING;
+    UPDATE ledger.counters c SET
+        (last_run_id, last_status, last_started_at, last_completed_at) =
+            (SELECT r.run_id, r.status, r.started_at, r.completed_at FROM ledger.job_execution_log r
+              WHERE r.job = c.job ORDER BY r.started_at DESC, r.run_id DESC LIMIT 1),
+        (last_success_started_at, last_success_at) =
+            (SELECT r.started_at, r.completed_at FROM ledger.job_execution_log r
+              WHERE r.job = c.job AND r.status = 'success' ORDER BY r.started_at DESC LIMIT 1),
+        (running_run_id, running_token, running_started_at) =
+            (SELECT r.run_id, r.token, r.started_at FROM ledger.job_execution_log r
+              WHERE r.job = c.job AND r.status = 'running'),
+        done_slot =
+            (SELECT max(r.slot) FROM ledger.job_execution_log r
+              WHERE r.job = c.job AND r.status = 'success' AND r.slot IS NOT NULL),
+        longest_success =
+            (SELECT max(r.completed_at - r.started_at) FROM ledger.job_execution_log r
+              WHERE r.job = c.job AND r.status = 'success'),
+        consecutive_failures =
+            (SELECT count(*) FROM ledger.job_execution_log f
+              WHERE f.job = c.job AND f.status = 'failure'
+                AND f.started_at > coalesce((SELECT max(s.started_at) FROM ledger.job_execution_log s
+                                              WHERE s.job = c.job AND s.status = 'success'), '-infinity'))
+     WHERE c.job = ANY (jobs);
+END
+$$;
+
+-- A row of the log written by anyone but the ledger's own functions (which
+-- run as ledger_owner and keep the state themselves): recompute that job's
+-- state, so the views never disagree with the log. The trigger's WHEN keeps
+-- it off the functions' path.
+CREATE FUNCTION ledger._foreign_log_write()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        PERFORM ledger._refresh_state(ARRAY[OLD.job]::text[]);
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        PERFORM ledger._refresh_state(ARRAY[NEW.job]::text[]);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER job_execution_log_foreign_write
+    AFTER INSERT OR UPDATE OR DELETE ON ledger.job_execution_log
+    FOR EACH ROW WHEN (current_user <> 'ledger_owner')
+    EXECUTE FUNCTION ledger._foreign_log_write();
 
 -- Add to a job's counters (one upsert, whatever moved).
 CREATE FUNCTION ledger._count(

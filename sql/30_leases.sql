@@ -8,6 +8,9 @@ CREATE CONSTRAINT TRIGGER leases_durable_token
     DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION ledger._durable_token();
 
+-- The hot path: each argument checked once, in one expression (the helpers
+-- only run to raise the documented error), the lease row read once in the
+-- usual cases, no helper call on the way.
 CREATE FUNCTION ledger.acquire(job text, owner text, ttl interval DEFAULT NULL)
 RETURNS SETOF ledger.lease
 LANGUAGE plpgsql
@@ -16,43 +19,74 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_ttl      interval;
+    v_ttl      interval := ttl;
     v_timeline integer;
-    v_took     record;
     v_lease    ledger.leases;
+    v_state    text;
+    v_took     record;
     v_now      timestamptz;
 BEGIN
-    PERFORM ledger._check_label(job, 'job');
-    PERFORM ledger._check_label(owner, 'owner');
-    v_ttl := ledger._resolve_ttl(job, ttl);
-    v_timeline := ledger._timeline();
-
-    v_took := ledger._lock_lease(job, owner, v_ttl, v_timeline);
-    v_lease := v_took.lease;
-    IF v_took.state = 'created' THEN
-        RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
-        RETURN;
-    ELSIF v_took.state IN ('held', 'busy') THEN
-        RETURN;
+    IF job IS NULL OR owner IS NULL
+       OR NOT (char_length(job) BETWEEN 1 AND 200 AND ledger._is_visible_text(job)
+               AND char_length(owner) BETWEEN 1 AND 200 AND ledger._is_visible_text(owner)) THEN
+        PERFORM ledger._check_label(job, 'job');
+        PERFORM ledger._check_label(owner, 'owner');
+    END IF;
+    IF v_ttl IS NULL THEN
+        SELECT j.ttl INTO v_ttl FROM ledger.jobs j WHERE j.job = acquire.job;
+    END IF;
+    IF v_ttl IS NULL OR v_ttl <= interval '0' OR v_ttl > ledger._max_ttl()
+       OR date_trunc('month', v_ttl) <> interval '0' OR date_trunc('day', v_ttl) < interval '0'
+       OR v_ttl - date_trunc('day', v_ttl) < interval '0' THEN
+        v_ttl := ledger._resolve_ttl(job, v_ttl);  -- raises the documented 22023
+    ELSIF extract(day FROM v_ttl) <> 0 THEN
+        v_ttl := ledger._exact(v_ttl);
     END IF;
 
-    -- Locked: free, expired, or already ours? Then take it with a new token.
-    -- The clock is read once the row is locked: a caller that waited for the
+    -- Free, expired, released or already ours, and nobody else writing it:
+    -- locked at once. Another owner's live lease is not locked (the WHERE
+    -- fails first), and is read below without a lock.
+    SELECT * INTO v_lease FROM ledger.leases l
+     WHERE l.job = acquire.job
+       AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp() OR l.owner = acquire.owner)
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = acquire.job;
+        IF FOUND AND v_lease.released_at IS NULL AND v_lease.expires_at > clock_timestamp()
+           AND v_lease.owner <> owner THEN
+            RETURN;  -- held: no row, no lock, nothing written
+        END IF;
+        v_timeline := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer;
+        v_took := ledger._lock_lease(job, owner, v_ttl, v_timeline);
+        v_lease := v_took.lease;
+        v_state := v_took.state;
+        IF v_state = 'created' THEN
+            RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
+            RETURN;
+        ELSIF v_state <> 'locked' THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    -- Locked, and free, expired or ours: take it with a new token. The
+    -- clock is read once the row is locked: a caller that waited for the
     -- previous holder must not date its lease before that holder let go.
     v_now := clock_timestamp();
-    IF v_lease.expires_at <= v_now OR v_lease.released_at IS NOT NULL OR v_lease.owner = owner THEN
-        UPDATE ledger.leases l SET
-            owner       = acquire.owner,
-            token       = ledger._next_token(l.token, l.timeline, v_timeline),
-            ttl         = v_ttl,
-            acquired_at = v_now,
-            expires_at  = v_now + v_ttl,
-            released_at = NULL,
-            timeline    = v_timeline
-         WHERE l.job = acquire.job
-        RETURNING * INTO v_lease;
-        RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
-    END IF;
+    v_timeline := coalesce(v_timeline,
+        ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer);
+    UPDATE ledger.leases l SET
+        owner       = acquire.owner,
+        -- ledger._next_token, inline
+        token       = CASE WHEN l.timeline = v_timeline THEN l.token + 1
+                           ELSE greatest(l.token + (1::bigint << 32), ((v_timeline - 1)::bigint << 32) + 1) END,
+        ttl         = v_ttl,
+        acquired_at = v_now,
+        expires_at  = v_now + v_ttl,
+        released_at = NULL,
+        timeline    = v_timeline
+     WHERE l.job = acquire.job
+    RETURNING * INTO v_lease;
+    RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
 END
 $$;
 COMMENT ON FUNCTION ledger.acquire(text, text, interval) IS
@@ -75,9 +109,10 @@ BEGIN
 
     -- Owner and token must both match: a stale holder can never extend the
     -- lease of whoever took over. An expired lease nobody took may be renewed.
+    -- The ttl exact (ledger._exact): the expiry is not the session's TimeZone's.
     UPDATE ledger.leases l
-       SET expires_at = clock_timestamp() + coalesce(renew.ttl, l.ttl),
-           ttl        = coalesce(renew.ttl, l.ttl)
+       SET expires_at = clock_timestamp() + ledger._exact(coalesce(renew.ttl, l.ttl)),
+           ttl        = ledger._exact(coalesce(renew.ttl, l.ttl))
      WHERE l.job = renew.job
        AND l.owner = renew.owner
        AND l.token = renew.token

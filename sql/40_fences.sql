@@ -80,6 +80,10 @@ $$;
 COMMENT ON FUNCTION ledger.advance_fence(text, text, bigint) IS
     'Strict fence: record the job''s current token if greater than the highest accepted; false when it already wrote';
 
+-- The hot path of the lenient fence: the arguments checked in one
+-- expression, and one statement that locks the fence and reads the lease
+-- (both by primary key); ledger._checked_fence only for the rest (a first
+-- write, an error to raise).
 CREATE FUNCTION ledger.fence(job text, resource text, token bigint)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -88,8 +92,36 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_recorded bigint := ledger._checked_fence(job, resource, token);
+    v_recorded bigint;
+    v_bound    ledger.label;
+    v_live     boolean;
 BEGIN
+    IF job IS NULL OR resource IS NULL OR token IS NULL OR token <= 0
+       OR NOT (char_length(job) BETWEEN 1 AND 200 AND ledger._is_visible_text(job)
+               AND char_length(resource) BETWEEN 1 AND 200 AND ledger._is_visible_text(resource)) THEN
+        v_recorded := ledger._checked_fence(job, resource, token);  -- raises the documented error
+    END IF;
+    SELECT f.token, f.job,
+           coalesce(l.token = fence.token AND l.released_at IS NULL AND l.expires_at > clock_timestamp(), false)
+      INTO v_recorded, v_bound, v_live
+      FROM ledger.fences f
+      LEFT JOIN ledger.leases l ON l.job = fence.job
+     WHERE f.resource = fence.resource
+       FOR UPDATE OF f;
+    IF NOT FOUND OR NOT v_live THEN
+        -- A first write, or LD001: the long way, in the documented order.
+        v_recorded := ledger._checked_fence(job, resource, token);
+    ELSIF v_bound <> job THEN
+        PERFORM ledger._raise('LD006',
+            format('fence of another job: resource %s belongs to job %s, not %s', resource, v_bound, job),
+            jsonb_build_object('resource', resource, 'job', job, 'bound_job', v_bound, 'token', token));
+    ELSIF v_recorded > token THEN
+        -- Current when checked, yet a newer token already wrote: a takeover
+        -- committed in between.
+        PERFORM ledger._raise('LD002',
+            format('stale fence token: resource %s accepted token %s, got %s', resource, v_recorded, token),
+            jsonb_build_object('resource', resource, 'job', job, 'token', token, 'highest_token', v_recorded));
+    END IF;
     -- Lenient: the current holder may write many times with one token.
     IF v_recorded < token THEN
         UPDATE ledger.fences f SET token = fence.token, advanced_at = clock_timestamp()

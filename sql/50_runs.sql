@@ -16,80 +16,111 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now      timestamptz;
-    v_ttl      interval;
-    v_timeline integer;
-    v_took     record;
-    v_lease    ledger.leases;
-    v_running  ledger.job_execution_log;
-    v_lost     bigint := 0::bigint;
-    v_result   ledger.run_start;
-    v_job      ledger.jobs;
+    v_ttl    interval;
+    v_job    ledger.jobs;
+    v_result ledger.run_start;
 BEGIN
-    PERFORM ledger._check_label(job, 'job');
-    PERFORM ledger._check_label(owner, 'owner');
-    PERFORM ledger._check_label(idempotency_key, 'idempotency_key', false);
-    PERFORM ledger._check_detail(detail);
-    PERFORM ledger._check_instant(slot, 'slot');
+    -- Every argument checked once, in one expression; the helpers run only
+    -- to raise the documented error, in the documented order.
+    IF job IS NULL OR owner IS NULL
+       OR NOT (char_length(job) BETWEEN 1 AND 200 AND ledger._is_visible_text(job)
+               AND char_length(owner) BETWEEN 1 AND 200 AND ledger._is_visible_text(owner)
+               AND (idempotency_key IS NULL
+                    OR (char_length(idempotency_key) BETWEEN 1 AND 200
+                        AND ledger._is_visible_text(idempotency_key))))
+       OR (detail IS NOT NULL
+           AND (jsonb_typeof(detail) <> 'object' OR octet_length(detail::text) > ledger._max_detail_bytes()))
+       OR slot < ledger._min_instant() OR slot >= ledger._max_instant() OR NOT isfinite(slot) THEN
+        PERFORM ledger._check_label(job, 'job');
+        PERFORM ledger._check_label(owner, 'owner');
+        PERFORM ledger._check_label(idempotency_key, 'idempotency_key', false);
+        PERFORM ledger._check_detail(detail);
+        PERFORM ledger._check_instant(slot, 'slot');
+    END IF;
     -- One read of the job's registration serves the ttl default, the slot
     -- check and the pause.
     SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = start_run.job;
-    v_ttl := ledger._resolve_ttl(job, coalesce(ttl, v_job.ttl));
+    v_ttl := coalesce(ttl, v_job.ttl);
+    IF v_ttl IS NULL OR v_ttl <= interval '0' OR v_ttl > ledger._max_ttl()
+       OR date_trunc('month', v_ttl) <> interval '0' OR date_trunc('day', v_ttl) < interval '0'
+       OR v_ttl - date_trunc('day', v_ttl) < interval '0' THEN
+        v_ttl := ledger._resolve_ttl(job, v_ttl);  -- raises the documented 22023
+    ELSIF extract(day FROM v_ttl) <> 0 THEN
+        v_ttl := ledger._exact(v_ttl);
+    END IF;
     IF slot IS NOT NULL AND v_job.schedule IS NOT NULL THEN
         PERFORM ledger._check_slot(v_job, slot);
     END IF;
-    v_result.slot := slot;
-
     IF v_job.paused THEN
         v_result.outcome := 'paused';
+        v_result.slot := slot;
         RETURN v_result;
     END IF;
+    RETURN ledger._start(job, owner, v_ttl, slot, idempotency_key, detail);
+END
+$$;
+COMMENT ON FUNCTION ledger.start_run(text, text, interval, timestamptz, text, jsonb) IS
+    'Check the previous run, take the lease and log a running run, in one transaction';
 
-    v_timeline := ledger._timeline();
-    v_took := ledger._lock_lease(job, owner, v_ttl, v_timeline);
-    v_lease := v_took.lease;
-    IF v_took.state = 'created' THEN
-        -- A job with no lease row has no runs: nothing to check.
-        RETURN ledger._insert_run(v_lease, slot, idempotency_key, detail, 0);
-    END IF;
-    -- Read the clock once locked: a start that waited for the previous run
-    -- to end must not date itself before that end.
-    v_now := clock_timestamp();
-
-    IF v_took.state = 'locked' THEN
-        -- The previous run: still running while its lease expired, ended or
-        -- went to another token? Its runner is gone or a zombie: close it.
-        SELECT * INTO v_running FROM ledger.job_execution_log r
-         WHERE r.job = start_run.job AND r.status = 'running';
-        IF FOUND AND (v_lease.token <> v_running.token
-                      OR v_lease.released_at IS NOT NULL
-                      OR v_lease.expires_at <= v_now) THEN
-            PERFORM ledger._close_run(v_running.run_id,
-                CASE WHEN v_lease.token <> v_running.token THEN 'superseded' ELSE 'lease_expired' END,
-                v_now);
-            v_lost := v_lost + 1;
-            v_running := NULL;
-        END IF;
-    END IF;
-
-    -- That slot or key already succeeded or is running (wins over overlap).
-    IF ledger._already_done(job, slot, idempotency_key) THEN
-        IF v_lost > 0 THEN
-            PERFORM ledger._count(job, failures => v_lost, leases_lost => v_lost);
-        END IF;
-        v_result.outcome := 'already_done';
-        RETURN v_result;
-    END IF;
-
-    -- Another owner's live lease (or a row another transaction holds past
-    -- the lock bound): a normal skip, counted apart from failures.
-    IF v_took.state IN ('held', 'busy')
-       OR (v_lease.released_at IS NULL AND v_lease.expires_at > v_now AND v_lease.owner <> owner) THEN
-        IF v_took.state = 'locked' THEN
-            PERFORM ledger._count(job, skipped_overlap => 1, failures => v_lost, leases_lost => v_lost);
+-- The one start path of start_run and start_due_run, for checked arguments
+-- (`ttl` resolved and exact) of a job that is not paused. In the usual
+-- cases it reads the lease row once: locked at once when it is free,
+-- expired, released or already the caller's and nobody else writes it;
+-- read without a lock when another owner holds it live, and then the skip
+-- locks nothing and writes only ledger.skip_counts (UNLOGGED: its commit
+-- waits for no WAL flush), issuing no token. Order of locks: the lease row,
+-- then run rows, then counters.
+CREATE FUNCTION ledger._start(
+    job text, owner text, ttl interval, slot timestamptz, idempotency_key text, detail jsonb)
+RETURNS ledger.run_start
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now      timestamptz;
+    v_timeline integer;
+    v_lease    ledger.leases;
+    v_state    text := 'locked';
+    v_took     record;
+    v_running  ledger.job_execution_log;
+    v_result   ledger.run_start;
+BEGIN
+    v_result.slot := slot;
+    SELECT * INTO v_lease FROM ledger.leases l
+     WHERE l.job = _start.job
+       AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp() OR l.owner = _start.owner)
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = _start.job;
+        IF FOUND AND v_lease.released_at IS NULL AND v_lease.expires_at > clock_timestamp()
+           AND v_lease.owner <> owner THEN
+            v_state := 'held';
         ELSE
-            PERFORM ledger._count_skip(job, wait => CASE v_took.state WHEN 'held' THEN ledger._lock_wait()
-                                                                      ELSE '10ms' END);
+            v_timeline := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer;
+            v_took := ledger._lock_lease(job, owner, ttl, v_timeline);
+            v_lease := v_took.lease;
+            v_state := v_took.state;
+        END IF;
+    END IF;
+
+    IF v_state IN ('held', 'busy') THEN
+        -- That slot or key already succeeded or is running (wins over overlap).
+        IF (slot IS NOT NULL OR idempotency_key IS NOT NULL)
+           AND ledger._already_done(job, slot, idempotency_key) THEN
+            v_result.outcome := 'already_done';
+            RETURN v_result;
+        END IF;
+        -- Another owner's live lease (or a row another transaction holds
+        -- past the lock bound): a normal skip, counted apart from failures,
+        -- without a WAL flush.
+        UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + 1
+          FROM (SELECT t.job, t.shard FROM ledger.skip_counts t
+                 WHERE t.job = _start.job AND t.shard = pg_backend_pid() % 16
+                   FOR UPDATE SKIP LOCKED) free_
+         WHERE s.job = free_.job AND s.shard = free_.shard;
+        IF NOT FOUND THEN
+            PERFORM ledger._count_skip(job, wait => CASE v_state WHEN 'held' THEN ledger._lock_wait() ELSE '10ms' END);
         END IF;
         v_result.outcome := 'skipped_overlap';
         v_result.holder := v_lease.owner;
@@ -97,27 +128,81 @@ BEGIN
         RETURN v_result;
     END IF;
 
-    -- The same owner still holds it: the new token wins.
-    IF v_running.run_id IS NOT NULL THEN
-        PERFORM ledger._close_run(v_running.run_id, 'superseded', v_now);
-        v_lost := v_lost + 1;
+    IF v_state = 'locked' THEN
+        -- Read the clock once locked: a start that waited for the previous
+        -- run to end must not date itself before that end.
+        v_now := clock_timestamp();
+        -- The previous run, still running while its lease expired, ended
+        -- or went to another token? Its runner is gone or a zombie: close
+        -- it (counted once, in ledger._close_lost).
+        SELECT * INTO v_running FROM ledger.job_execution_log r
+         WHERE r.job = _start.job AND r.status = 'running';
+        IF FOUND AND (v_lease.token <> v_running.token
+                      OR v_lease.released_at IS NOT NULL
+                      OR v_lease.expires_at <= v_now) THEN
+            PERFORM ledger._close_lost(v_running,
+                CASE WHEN v_lease.token <> v_running.token THEN 'superseded' ELSE 'lease_expired' END, v_now);
+            v_running := NULL;
+        END IF;
+        IF (slot IS NOT NULL OR idempotency_key IS NOT NULL)
+           AND ledger._already_done(job, slot, idempotency_key) THEN
+            v_result.outcome := 'already_done';
+            RETURN v_result;
+        END IF;
+        -- The same owner still holds it: the new token wins.
+        IF v_running.run_id IS NOT NULL THEN
+            PERFORM ledger._close_lost(v_running, 'superseded', v_now);
+        END IF;
+        v_timeline := coalesce(v_timeline,
+            ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer);
+        UPDATE ledger.leases l SET
+            owner       = _start.owner,
+            -- ledger._next_token, inline
+            token       = CASE WHEN l.timeline = v_timeline THEN l.token + 1
+                               ELSE greatest(l.token + (1::bigint << 32), ((v_timeline - 1)::bigint << 32) + 1) END,
+            ttl         = _start.ttl,
+            acquired_at = v_now,
+            expires_at  = v_now + _start.ttl,
+            released_at = NULL,
+            timeline    = v_timeline
+         WHERE l.job = _start.job
+        RETURNING * INTO v_lease;
     END IF;
-
-    UPDATE ledger.leases l SET
-        owner       = start_run.owner,
-        token       = ledger._next_token(l.token, l.timeline, v_timeline),
-        ttl         = v_ttl,
-        acquired_at = v_now,
-        expires_at  = v_now + v_ttl,
-        released_at = NULL,
-        timeline    = v_timeline
-     WHERE l.job = start_run.job
-    RETURNING * INTO v_lease;
-    RETURN ledger._insert_run(v_lease, slot, idempotency_key, detail, v_lost);
+    -- 'created' (a job with no lease row has no runs: nothing to check) or
+    -- taken just now: log the running run, count it, note it as the job's
+    -- last and running run.
+    INSERT INTO ledger.job_execution_log
+        (job, owner, token, slot, idempotency_key, status, started_at, heartbeat_at, detail)
+    VALUES (v_lease.job, v_lease.owner, v_lease.token, _start.slot, _start.idempotency_key,
+            'running', v_lease.acquired_at, v_lease.acquired_at, _start.detail)
+    RETURNING run_id INTO v_result.run_id;
+    INSERT INTO ledger.counters AS c (job, runs_started, last_run_id, last_status, last_started_at,
+                                      running_run_id, running_token, running_started_at)
+    VALUES (v_lease.job, 1, v_result.run_id, 'running', v_lease.acquired_at,
+            v_result.run_id, v_lease.token, v_lease.acquired_at)
+    ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
+        runs_started       = c.runs_started + 1,
+        last_run_id        = CASE WHEN c.last_run_id IS NULL
+                                    OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                  THEN excluded.last_run_id ELSE c.last_run_id END,
+        last_status        = CASE WHEN c.last_run_id IS NULL
+                                    OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                  THEN 'running' ELSE c.last_status END,
+        last_completed_at  = CASE WHEN c.last_run_id IS NULL
+                                    OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                  THEN NULL ELSE c.last_completed_at END,
+        last_started_at    = CASE WHEN c.last_run_id IS NULL
+                                    OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                  THEN excluded.last_started_at ELSE c.last_started_at END,
+        running_run_id     = excluded.running_run_id,
+        running_token      = excluded.running_token,
+        running_started_at = excluded.running_started_at;
+    v_result.outcome := 'started';
+    v_result.token := v_lease.token;
+    v_result.expires_at := v_lease.expires_at;
+    RETURN v_result;
 END
 $$;
-COMMENT ON FUNCTION ledger.start_run(text, text, interval, timestamptz, text, jsonb) IS
-    'Check the previous run, take the lease and log a running run, in one transaction';
 
 -- A slot or an idempotency key that succeeded or is running, including
 -- those whose runs purge_log removed (it leaves ledger.purged_slots and
@@ -146,53 +231,6 @@ BEGIN
 END
 $$;
 
--- Log a running run under a lease the caller has just taken (and holds
--- locked); count it, with `lost` earlier runs closed on the way.
-CREATE FUNCTION ledger._insert_run(
-    lease ledger.leases, slot timestamptz, idempotency_key text, detail jsonb, lost bigint)
-RETURNS ledger.run_start
-LANGUAGE plpgsql
-VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_result ledger.run_start;
-BEGIN
-    INSERT INTO ledger.job_execution_log
-        (job, owner, token, slot, idempotency_key, status, started_at, heartbeat_at, detail)
-    VALUES (lease.job, lease.owner, lease.token, _insert_run.slot, _insert_run.idempotency_key,
-            'running', lease.acquired_at, lease.acquired_at, _insert_run.detail)
-    RETURNING run_id INTO v_result.run_id;
-    PERFORM ledger._count(lease.job, runs_started => 1, failures => lost, leases_lost => lost);
-    v_result.outcome := 'started';
-    v_result.token := lease.token;
-    v_result.expires_at := lease.expires_at;
-    v_result.slot := slot;
-    RETURN v_result;
-END
-$$;
-
--- Close a running run as failed because its lease was lost. The caller
--- holds the job's lease row lock and does the counting.
-CREATE FUNCTION ledger._close_run(run_id bigint, reason text, at timestamptz)
-RETURNS void
-LANGUAGE plpgsql
-VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    UPDATE ledger.job_execution_log r
-       SET status = 'failure',
-           failure_reason = reason,
-           completed_at = greatest(at, r.started_at),
-           error = CASE reason
-                       WHEN 'superseded' THEN 'lease superseded by a newer token'
-                       ELSE 'lease expired before the run ended'
-                   END
-     WHERE r.run_id = _close_run.run_id AND r.status = 'running';
-END
-$$;
-
 CREATE FUNCTION ledger.heartbeat(run_id bigint, token bigint, ttl interval DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -210,8 +248,10 @@ BEGIN
     SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = v_run.job;
 
     IF v_run.status <> 'running' THEN
-        -- Closed by a takeover or the reaper: that is a lost lease, not a misuse.
-        IF v_run.failure_reason IN ('lease_expired', 'superseded') THEN
+        -- Closed by a takeover, the reaper or an operator's cancel request:
+        -- that is a lost lease, not a misuse.
+        IF v_run.failure_reason IN ('lease_expired', 'superseded')
+           OR (v_run.failure_reason = 'cancelled' AND v_run.cancel_requested_at IS NOT NULL) THEN
             RETURN NULL;
         END IF;
         PERFORM ledger._raise_not_running(v_run);
@@ -219,11 +259,19 @@ BEGIN
     IF v_lease.token <> v_run.token OR v_lease.released_at IS NOT NULL THEN
         RETURN NULL;
     END IF;
+    -- An operator asked the run to stop (ledger.request_cancel): end it as
+    -- cancelled, release the lease, and tell the holder it lost the lease.
+    IF v_run.cancel_requested_at IS NOT NULL THEN
+        PERFORM ledger._end_run(v_run.run_id, v_run.token, 'failure', 'cancelled',
+                                format('cancelled by an operator (ledger.request_cancel at %s)',
+                                       v_run.cancel_requested_at), NULL);
+        RETURN NULL;
+    END IF;
 
     v_now := clock_timestamp();
     UPDATE ledger.leases l
-       SET expires_at = v_now + coalesce(heartbeat.ttl, l.ttl),
-           ttl        = coalesce(heartbeat.ttl, l.ttl)
+       SET expires_at = v_now + ledger._exact(coalesce(heartbeat.ttl, l.ttl)),
+           ttl        = ledger._exact(coalesce(heartbeat.ttl, l.ttl))
      WHERE l.job = v_run.job
     RETURNING l.expires_at INTO v_lease.expires_at;
     UPDATE ledger.job_execution_log r SET heartbeat_at = v_now WHERE r.run_id = v_run.run_id;
@@ -280,7 +328,11 @@ END
 $$;
 
 -- End a run and release its lease in one transaction: the body of
--- complete_run, fail_run and cancel_run.
+-- complete_run, fail_run and cancel_run. The usual case (the run's own live
+-- token, no detail) is one locked read of the lease row and three writes:
+-- the run, the lease, and the job's counters and state (with the job's
+-- pending skips folded in); anything else goes the long way, which raises
+-- the documented error in the documented order.
 CREATE FUNCTION ledger._end_run(
     run_id bigint, token bigint, status text, failure_reason text, error text, detail jsonb)
 RETURNS ledger.job_execution_log
@@ -289,46 +341,144 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_run   ledger.job_execution_log;
-    v_lease ledger.leases;
-    v_now   timestamptz;
+    v_job    ledger.label;
+    v_run    ledger.job_execution_log;
+    v_lease  ledger.leases;
+    v_detail jsonb;
+    v_streak bigint;
+    v_error  text := CASE WHEN error IS NULL OR char_length(error) <= ledger._max_error_length() THEN error
+                          ELSE ledger._bounded_error(error) END;
 BEGIN
-    PERFORM ledger._check_detail(detail);
-    v_run := ledger._lock_run(run_id, token);
-    SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = v_run.job;
-
-    -- A newer token took the job over: the zombie learns it lost, and the
-    -- row keeps the takeover's verdict.
-    IF v_lease.token <> v_run.token THEN
-        PERFORM ledger._raise('LD001',
-            format('lease superseded: job %s is now held with token %s, run %s had token %s',
-                   v_run.job, v_lease.token, v_run.run_id, v_run.token),
-            jsonb_build_object('run_id', v_run.run_id, 'job', v_run.job, 'token', v_run.token,
-                               'current_token', v_lease.token, 'holder', v_lease.owner,
-                               'verdict', v_run.failure_reason));
+    IF detail IS NOT NULL THEN
+        PERFORM ledger._check_detail(detail);
     END IF;
-    IF v_run.status <> 'running' THEN
-        PERFORM ledger._raise_not_running(v_run);
+    IF run_id IS NULL OR token IS NULL OR run_id <= 0 OR token <= 0 THEN
+        PERFORM ledger._check_token(run_id, 'run_id');
+        PERFORM ledger._check_token(token);
+    END IF;
+    SELECT r.job INTO v_job FROM ledger.job_execution_log r WHERE r.run_id = _end_run.run_id;
+    IF NOT FOUND THEN
+        PERFORM ledger._raise('LD004', format('run not found: %s', run_id),
+            jsonb_build_object('run_id', run_id));
+    END IF;
+    -- The per-job order every writer follows: the lease row first.
+    SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = v_job FOR UPDATE;
+
+    IF detail IS NULL THEN
+        UPDATE ledger.job_execution_log r SET
+            status         = _end_run.status,
+            failure_reason = _end_run.failure_reason,
+            error          = v_error,
+            completed_at   = greatest(clock_timestamp(), r.started_at)
+         WHERE r.run_id = _end_run.run_id AND r.token = _end_run.token
+           AND r.token = v_lease.token AND r.status = 'running'
+        RETURNING * INTO v_run;
+    END IF;
+    IF v_run.run_id IS NULL THEN
+        SELECT * INTO v_run FROM ledger.job_execution_log r WHERE r.run_id = _end_run.run_id;
+        IF v_run.token <> token THEN
+            PERFORM ledger._raise('LD001',
+                format('lease superseded: run %s holds token %s, not %s', run_id, v_run.token, token),
+                jsonb_build_object('run_id', run_id, 'job', v_run.job, 'token', token,
+                                   'run_token', v_run.token));
+        END IF;
+        -- A newer token took the job over: the zombie learns it lost, and the
+        -- row keeps the takeover's verdict.
+        IF v_lease.token <> v_run.token THEN
+            PERFORM ledger._raise('LD001',
+                format('lease superseded: job %s is now held with token %s, run %s had token %s',
+                       v_run.job, v_lease.token, v_run.run_id, v_run.token),
+                jsonb_build_object('run_id', v_run.run_id, 'job', v_run.job, 'token', v_run.token,
+                                   'current_token', v_lease.token, 'holder', v_lease.owner,
+                                   'verdict', v_run.failure_reason));
+        END IF;
+        IF v_run.status <> 'running' THEN
+            PERFORM ledger._raise_not_running(v_run);
+        END IF;
+        -- The detail recorded is the start's merged with this one (its keys
+        -- win), and the merge is held to the same bound as either part: two
+        -- details of 40 kB each would otherwise record 80 kB.
+        IF detail IS NOT NULL THEN
+            v_detail := coalesce(v_run.detail, '{}'::jsonb) || detail;
+            IF octet_length(v_detail::text) > ledger._max_detail_bytes() THEN
+                RAISE EXCEPTION USING ERRCODE = '22023',
+                    MESSAGE = format('argument detail, merged with the detail run %s started with, must be at most '
+                                     '%s bytes as JSON text', v_run.run_id, ledger._max_detail_bytes()),
+                    DETAIL = jsonb_build_object('argument', 'detail', 'run_id', v_run.run_id,
+                                                'bytes', octet_length(v_detail::text),
+                                                'given_bytes', octet_length(detail::text),
+                                                'recorded_bytes', octet_length(v_run.detail::text),
+                                                'max', ledger._max_detail_bytes())::text;
+            END IF;
+        END IF;
+        UPDATE ledger.job_execution_log r SET
+            status         = _end_run.status,
+            failure_reason = _end_run.failure_reason,
+            error          = v_error,
+            completed_at   = greatest(clock_timestamp(), r.started_at),
+            detail         = coalesce(v_detail, r.detail)
+         WHERE r.run_id = v_run.run_id
+        RETURNING * INTO v_run;
     END IF;
 
-    v_now := greatest(clock_timestamp(), v_run.started_at);
-    UPDATE ledger.job_execution_log r SET
-        status         = _end_run.status,
-        failure_reason = _end_run.failure_reason,
-        error          = ledger._bounded_error(_end_run.error),
-        completed_at   = v_now,
-        detail         = CASE WHEN _end_run.detail IS NULL THEN r.detail
-                              ELSE coalesce(r.detail, '{}'::jsonb) || _end_run.detail END
-     WHERE r.run_id = v_run.run_id
-    RETURNING * INTO v_run;
     -- The token stays: it is the job's high-water mark.
     UPDATE ledger.leases l
-       SET expires_at = least(l.expires_at, v_now), released_at = v_now
+       SET expires_at = least(l.expires_at, v_run.completed_at), released_at = v_run.completed_at
      WHERE l.job = v_run.job AND l.released_at IS NULL;
-    IF status = 'success' THEN
-        PERFORM ledger._count(v_run.job, successes => 1);
-    ELSE
-        PERFORM ledger._count(v_run.job, failures => 1);
+    -- Count once, note the job's state, and fold in the skips counted since
+    -- (those whose rows no skipper holds right now; the rest wait for the
+    -- next end).
+    WITH folded AS (
+        UPDATE ledger.skip_counts s SET skipped_overlap = 0
+          FROM (SELECT t.job, t.shard, t.skipped_overlap FROM ledger.skip_counts t
+                 WHERE t.job = v_run.job AND t.skipped_overlap > 0
+                   FOR UPDATE SKIP LOCKED) pending
+         WHERE s.job = pending.job AND s.shard = pending.shard
+        RETURNING pending.skipped_overlap
+    )
+    UPDATE ledger.counters c SET
+        successes               = c.successes + CASE WHEN v_run.status = 'success' THEN 1 ELSE 0 END,
+        failures                = c.failures + CASE WHEN v_run.status = 'success' THEN 0 ELSE 1 END,
+        skipped_overlap         = c.skipped_overlap + coalesce((SELECT sum(f.skipped_overlap) FROM folded f), 0),
+        last_status             = CASE WHEN c.last_run_id = v_run.run_id THEN v_run.status ELSE c.last_status END,
+        last_completed_at       = CASE WHEN c.last_run_id = v_run.run_id THEN v_run.completed_at
+                                       ELSE c.last_completed_at END,
+        running_run_id          = CASE WHEN c.running_run_id = v_run.run_id THEN NULL ELSE c.running_run_id END,
+        running_token           = CASE WHEN c.running_run_id = v_run.run_id THEN NULL ELSE c.running_token END,
+        running_started_at      = CASE WHEN c.running_run_id = v_run.run_id THEN NULL ELSE c.running_started_at END,
+        last_success_started_at = CASE WHEN v_run.status = 'success'
+                                        AND v_run.started_at >= coalesce(c.last_success_started_at, '-infinity')
+                                       THEN v_run.started_at ELSE c.last_success_started_at END,
+        last_success_at         = CASE WHEN v_run.status = 'success'
+                                        AND v_run.started_at >= coalesce(c.last_success_started_at, '-infinity')
+                                       THEN v_run.completed_at ELSE c.last_success_at END,
+        done_slot               = CASE WHEN v_run.status = 'success' AND v_run.slot IS NOT NULL
+                                       THEN greatest(c.done_slot, v_run.slot) ELSE c.done_slot END,
+        longest_success         = CASE WHEN v_run.status = 'success'
+                                       THEN greatest(c.longest_success, v_run.completed_at - v_run.started_at)
+                                       ELSE c.longest_success END,
+        -- failures that started after the last success: none after this one
+        consecutive_failures    = CASE
+                                      WHEN v_run.status <> 'success'
+                                      THEN c.consecutive_failures
+                                           + CASE WHEN v_run.started_at > coalesce(c.last_success_started_at, '-infinity')
+                                                  THEN 1 ELSE 0 END
+                                      WHEN v_run.started_at >= coalesce(c.last_success_started_at, '-infinity')
+                                      THEN 0
+                                      ELSE c.consecutive_failures END
+     WHERE c.job = v_run.job
+    RETURNING c.consecutive_failures INTO v_streak;
+    IF NOT FOUND THEN
+        -- A run written past the functions, with no counters row yet.
+        PERFORM ledger._count(v_run.job, successes => CASE WHEN v_run.status = 'success' THEN 1 ELSE 0 END,
+                              failures => CASE WHEN v_run.status = 'success' THEN 0 ELSE 1 END);
+        PERFORM ledger._refresh_state(ARRAY[v_run.job]);
+        SELECT c.consecutive_failures INTO v_streak FROM ledger.counters c WHERE c.job = v_run.job;
+    END IF;
+    -- A failure may pause the job (pause_after_failures): one more statement
+    -- on the failure path only, none on a success.
+    IF v_run.status = 'failure' THEN
+        PERFORM ledger._auto_pause(v_run.job, v_streak, v_run.completed_at);
     END IF;
     RETURN v_run;
 END
@@ -389,6 +539,7 @@ AS $$
 DECLARE
     v_now    timestamptz := clock_timestamp();
     v_closed bigint;
+    v_jobs   text[];
 BEGIN
     PERFORM ledger._check_label(job, 'job', false);
     -- SKIP LOCKED: a job whose lease row is locked is being started, renewed
@@ -412,20 +563,40 @@ BEGIN
           FROM lost
          WHERE r.job = lost.job AND r.status = 'running'
            AND (lost.token <> r.token OR lost.released_at IS NOT NULL OR lost.expires_at <= v_now)
-        RETURNING r.job, r.token, r.failure_reason
+        RETURNING r.job, r.token, r.failure_reason, r.run_id, r.started_at, r.completed_at
     ), released AS (
         -- A reaped lease is over: its late holder may not renew it.
         UPDATE ledger.leases l SET released_at = v_now, expires_at = least(l.expires_at, v_now)
           FROM closed
          WHERE l.job = closed.job AND l.token = closed.token AND l.released_at IS NULL
     ), counted AS (
-        INSERT INTO ledger.counters AS c (job, failures, leases_lost)
-        SELECT closed.job, count(*), count(*) FROM closed GROUP BY closed.job
+        -- One closed run per job at most (one running run per job): count
+        -- it and note it in the job's state, as ledger._close_lost does.
+        INSERT INTO ledger.counters AS c (job, failures, leases_lost, consecutive_failures,
+                                          last_run_id, last_status, last_started_at, last_completed_at)
+        SELECT closed.job, 1, 1, 1, closed.run_id, 'failure', closed.started_at, closed.completed_at FROM closed
         ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
-            failures    = c.failures + excluded.failures,
-            leases_lost = c.leases_lost + excluded.leases_lost
+            failures             = c.failures + 1,
+            leases_lost          = c.leases_lost + 1,
+            consecutive_failures = c.consecutive_failures
+                                   + CASE WHEN excluded.last_started_at > coalesce(c.last_success_started_at, '-infinity')
+                                          THEN 1 ELSE 0 END,
+            last_status          = CASE WHEN c.last_run_id = excluded.last_run_id THEN 'failure' ELSE c.last_status END,
+            last_completed_at    = CASE WHEN c.last_run_id = excluded.last_run_id THEN excluded.last_completed_at
+                                        ELSE c.last_completed_at END,
+            running_run_id       = CASE WHEN c.running_run_id = excluded.last_run_id THEN NULL ELSE c.running_run_id END,
+            running_token        = CASE WHEN c.running_run_id = excluded.last_run_id THEN NULL ELSE c.running_token END,
+            running_started_at   = CASE WHEN c.running_run_id = excluded.last_run_id THEN NULL
+                                        ELSE c.running_started_at END
     )
-    SELECT count(*) INTO v_closed FROM closed;
+    SELECT count(*), array_agg(closed.job::text) INTO v_closed, v_jobs FROM closed;
+    IF v_jobs IS NOT NULL THEN
+        -- The failures just counted may pause their jobs (pause_after_failures).
+        UPDATE ledger.jobs j SET paused = true, paused_at = v_now, pause_reason = 'failures', updated_at = v_now
+          FROM ledger.counters c
+         WHERE c.job = j.job AND j.job = ANY (v_jobs) AND NOT j.paused
+           AND c.consecutive_failures >= j.pause_after_failures;
+    END IF;
     RETURN v_closed::integer;
 END
 $$;

@@ -125,12 +125,47 @@ BEGIN
 END
 $$;
 
+-- A health bound argument (late_after, down_after, min_runtime,
+-- max_runtime) when given: 0 (clear it), or an exact positive duration of
+-- at most 365 days.
+CREATE FUNCTION ledger._check_health_bound(value interval, arg text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL OR (date_trunc('month', value) = interval '0' AND extract(day FROM value) = 0
+                         AND value - date_trunc('day', value) = interval '0') THEN
+        RETURN;
+    END IF;
+    IF date_trunc('month', value) <> interval '0' OR value <= interval '0' OR value > ledger._max_health_bound()
+       OR date_trunc('day', value) < interval '0' OR value - date_trunc('day', value) < interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument %s must be 0 (none) or an exact duration with no month part and no '
+                             'negative part, at most %s', arg, ledger._max_health_bound()),
+            DETAIL = jsonb_build_object('argument', arg, 'value', value::text,
+                                        'max', ledger._max_health_bound()::text)::text;
+    END IF;
+END
+$$;
+
+-- Register a job, or change the options given of one registered before:
+-- an argument left NULL keeps what the job has (on a first registration:
+-- no schedule, no ttl, max_backfill 1, UTC, no health bounds). A bound of
+-- 0 clears it. Re-registering resets nothing else: not the pause, not the
+-- history, not the counters.
 CREATE FUNCTION ledger.register_job(
     job text,
     schedule text DEFAULT NULL,
     ttl interval DEFAULT NULL,
-    max_backfill integer DEFAULT 1,
-    time_zone text DEFAULT 'UTC')
+    max_backfill integer DEFAULT NULL,
+    time_zone text DEFAULT NULL,
+    late_after interval DEFAULT NULL,
+    down_after interval DEFAULT NULL,
+    min_runtime interval DEFAULT NULL,
+    max_runtime interval DEFAULT NULL,
+    pause_after_failures integer DEFAULT NULL)
 RETURNS ledger.jobs
 LANGUAGE plpgsql
 VOLATILE
@@ -138,41 +173,102 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_spec ledger.schedule_spec;
-    v_job  ledger.jobs;
+    v_spec  ledger.schedule_spec;
+    v_old   ledger.jobs;
+    v_job   ledger.jobs;
+    v_ahead timestamptz;  -- the newest slot done
+    v_new   boolean;
 BEGIN
     PERFORM ledger._check_label(job, 'job');
-    IF max_backfill IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument max_backfill must not be null';
-    ELSIF max_backfill < 1 OR max_backfill > ledger._max_backfill() THEN
+    IF max_backfill < 1 OR max_backfill > ledger._max_backfill() THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('argument max_backfill must be from 1 to %s', ledger._max_backfill()),
             DETAIL = jsonb_build_object('argument', 'max_backfill', 'value', max_backfill,
                                         'max', ledger._max_backfill())::text;
     END IF;
     PERFORM ledger._check_ttl(ttl);
-    PERFORM ledger._check_time_zone(time_zone);
-    IF schedule IS NOT NULL THEN
-        v_spec := ledger._parse_schedule(schedule, time_zone);  -- parsed once, here
+    IF time_zone IS NOT NULL THEN
+        PERFORM ledger._check_time_zone(time_zone);
+    END IF;
+    PERFORM ledger._check_health_bound(late_after, 'late_after');
+    PERFORM ledger._check_health_bound(down_after, 'down_after');
+    PERFORM ledger._check_health_bound(min_runtime, 'min_runtime');
+    PERFORM ledger._check_health_bound(max_runtime, 'max_runtime');
+    IF pause_after_failures < 0 OR pause_after_failures > ledger._max_pause_after_failures() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument pause_after_failures must be from 0 (never) to %s',
+                             ledger._max_pause_after_failures()),
+            DETAIL = jsonb_build_object('argument', 'pause_after_failures', 'value', pause_after_failures,
+                                        'max', ledger._max_pause_after_failures())::text;
     END IF;
 
-    INSERT INTO ledger.jobs AS j
-        (job, schedule, time_zone, ttl, max_backfill, schedule_spec)
-    VALUES (register_job.job, register_job.schedule, register_job.time_zone, register_job.ttl,
-            register_job.max_backfill, v_spec)
-    ON CONFLICT ON CONSTRAINT jobs_pkey DO UPDATE SET
-        schedule      = excluded.schedule,
-        time_zone     = excluded.time_zone,
-        ttl           = excluded.ttl,
-        max_backfill  = excluded.max_backfill,
-        schedule_spec = excluded.schedule_spec,
-        updated_at    = clock_timestamp()
+    -- The registration as it is, locked (a first one: created, then locked).
+    SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR UPDATE;
+    v_new := NOT FOUND;
+    IF v_new THEN
+        INSERT INTO ledger.jobs AS j (job) VALUES (register_job.job)
+        ON CONFLICT ON CONSTRAINT jobs_pkey DO NOTHING;
+        SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR UPDATE;
+    END IF;
+    v_job := v_old;
+    v_job.schedule := coalesce(register_job.schedule, v_old.schedule);
+    v_job.time_zone := coalesce(register_job.time_zone, v_old.time_zone);
+    v_job.ttl := coalesce(ledger._exact(register_job.ttl), v_old.ttl);
+    v_job.max_backfill := coalesce(register_job.max_backfill, v_old.max_backfill);
+    v_job.late_after := CASE WHEN register_job.late_after IS NULL THEN v_old.late_after
+                             ELSE nullif(ledger._exact(register_job.late_after), interval '0') END;
+    v_job.down_after := CASE WHEN register_job.down_after IS NULL THEN v_old.down_after
+                             ELSE nullif(ledger._exact(register_job.down_after), interval '0') END;
+    v_job.min_runtime := CASE WHEN register_job.min_runtime IS NULL THEN v_old.min_runtime
+                              ELSE nullif(ledger._exact(register_job.min_runtime), interval '0') END;
+    v_job.max_runtime := CASE WHEN register_job.max_runtime IS NULL THEN v_old.max_runtime
+                              ELSE nullif(ledger._exact(register_job.max_runtime), interval '0') END;
+    v_job.pause_after_failures := CASE WHEN register_job.pause_after_failures IS NULL THEN v_old.pause_after_failures
+                                       ELSE nullif(register_job.pause_after_failures, 0) END;
+    IF v_job.schedule IS NOT NULL THEN
+        -- parsed once, here: the spec depends on the schedule and the zone
+        v_spec := ledger._parse_schedule(v_job.schedule, v_job.time_zone);
+    END IF;
+    IF register_job.schedule IS NOT NULL THEN
+        -- An unscheduled job takes any slot, also one years ahead. Catch-up
+        -- starts after the newest slot done (ledger._newest_done_slot, and
+        -- ledger.purged_slots answers already_done up to its mark), so a
+        -- schedule given now would have nothing due until that slot passed:
+        -- the job would fall silent without an alert. Refuse it instead.
+        v_ahead := greatest(
+            (SELECT max(r.slot) FROM ledger.job_execution_log r
+              WHERE r.job = register_job.job AND r.status IN ('running', 'success')),
+            (SELECT p.done_through FROM ledger.purged_slots p WHERE p.job = register_job.job));
+        IF v_ahead > clock_timestamp() THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('argument schedule cannot be given to job %s: its slot %s succeeded or is running, '
+                                 'and is in the future, so no slot would be due before it; register the schedule '
+                                 'once that slot has passed, or under another job name', job, v_ahead),
+                DETAIL = jsonb_build_object('argument', 'schedule', 'job', job, 'value', schedule,
+                                            'slot', v_ahead, 'now', clock_timestamp())::text;
+        END IF;
+    END IF;
+
+    UPDATE ledger.jobs j SET
+        schedule             = v_job.schedule,
+        time_zone            = v_job.time_zone,
+        ttl                  = v_job.ttl,
+        max_backfill         = v_job.max_backfill,
+        schedule_spec        = v_spec,
+        late_after           = v_job.late_after,
+        down_after           = v_job.down_after,
+        min_runtime          = v_job.min_runtime,
+        max_runtime          = v_job.max_runtime,
+        pause_after_failures = v_job.pause_after_failures,
+        updated_at           = CASE WHEN v_new THEN j.updated_at ELSE clock_timestamp() END
+     WHERE j.job = register_job.job
     RETURNING * INTO v_job;
     RETURN v_job;
 END
 $$;
-COMMENT ON FUNCTION ledger.register_job(text, text, interval, integer, text) IS
-    'Register or update a job: schedule (interval or cron), default ttl, catch-up bound, time zone';
+COMMENT ON FUNCTION ledger.register_job(text, text, interval, integer, text, interval, interval, interval,
+                                        interval, integer) IS
+    'Register a job or change the options given: schedule, default ttl, catch-up bound, time zone, health bounds';
 
 -- Set a registered job's pause flag: true when that changed it (LD005 when
 -- the job was never registered). The body of pause_job and resume_job.
@@ -185,7 +281,10 @@ AS $$
 BEGIN
     PERFORM ledger._check_label(job, 'job');
     PERFORM ledger._registered_job(job);
-    UPDATE ledger.jobs j SET paused = _set_paused.paused, updated_at = clock_timestamp()
+    UPDATE ledger.jobs j SET paused       = _set_paused.paused,
+                             paused_at    = CASE WHEN _set_paused.paused THEN clock_timestamp() END,
+                             pause_reason = CASE WHEN _set_paused.paused THEN 'operator' END,
+                             updated_at   = clock_timestamp()
      WHERE j.job = _set_paused.job AND j.paused <> _set_paused.paused;
     RETURN FOUND;
 END
@@ -249,16 +348,33 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_job    ledger.jobs;
+    v_ttl    interval;
     v_due    timestamptz[];
     v_result ledger.run_start;
     v_lower  timestamptz;
     v_last   timestamptz;
     v_count  bigint;
 BEGIN
-    PERFORM ledger._check_label(job, 'job');
-    PERFORM ledger._check_label(owner, 'owner');
-    v_job := ledger._scheduled_job(job);
-    PERFORM ledger._resolve_ttl(job, ttl);
+    -- Checked once, read once: the start path (ledger._start) is shared with
+    -- start_run, and a due slot is a slot of the schedule by construction.
+    IF job IS NULL OR owner IS NULL
+       OR NOT (char_length(job) BETWEEN 1 AND 200 AND ledger._is_visible_text(job)
+               AND char_length(owner) BETWEEN 1 AND 200 AND ledger._is_visible_text(owner)) THEN
+        PERFORM ledger._check_label(job, 'job');
+        PERFORM ledger._check_label(owner, 'owner');
+    END IF;
+    SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = start_due_run.job;
+    IF v_job.schedule IS NULL THEN
+        v_job := ledger._scheduled_job(job);  -- raises LD005 or 22023
+    END IF;
+    v_ttl := coalesce(ttl, v_job.ttl);
+    IF v_ttl IS NULL OR v_ttl <= interval '0' OR v_ttl > ledger._max_ttl()
+       OR date_trunc('month', v_ttl) <> interval '0' OR date_trunc('day', v_ttl) < interval '0'
+       OR v_ttl - date_trunc('day', v_ttl) < interval '0' THEN
+        v_ttl := ledger._resolve_ttl(job, v_ttl);  -- raises the documented 22023
+    ELSIF extract(day FROM v_ttl) <> 0 THEN
+        v_ttl := ledger._exact(v_ttl);
+    END IF;
     IF v_job.paused THEN
         v_result.outcome := 'paused';
         RETURN v_result;
@@ -269,7 +385,7 @@ BEGIN
         v_result.outcome := 'nothing_due';
         RETURN v_result;
     END IF;
-    v_result := ledger.start_run(job, owner, ttl, slot => v_due[1]);
+    v_result := ledger._start(job, owner, v_ttl, v_due[1], NULL, NULL);
     IF v_result.outcome <> 'started' THEN
         RETURN v_result;
     END IF;
@@ -291,7 +407,8 @@ BEGIN
         INSERT INTO ledger.skipped_slots (job, first_slot, last_slot, slot_count, reason)
         VALUES (job, ledger._slot_after(v_job.schedule_spec, v_job.time_zone, v_lower), v_last,
                 v_count, 'backfill_limit');
-        PERFORM ledger._count(job, skipped_backfill => v_count);
+        UPDATE ledger.counters c SET skipped_backfill = c.skipped_backfill + v_count
+         WHERE c.job = start_due_run.job;
     END IF;
     RETURN v_result;
 END
@@ -299,6 +416,11 @@ $$;
 COMMENT ON FUNCTION ledger.start_due_run(text, text, interval) IS
     'Start a run for the oldest due slot, recording the slots the catch-up bound drops; nothing_due when none';
 
+-- In bounded batches: one DELETE per range of 10,000 run ids, in run id
+-- order, so that no statement holds more than a batch of
+-- row locks or scans more than a batch of rows, and the job state of the
+-- jobs a batch touched is recomputed from what is left (ledger._refresh_state).
+-- One transaction: what it removed is gone, or nothing is.
 CREATE FUNCTION ledger.purge_log(older_than interval)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -308,48 +430,77 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_cutoff  timestamptz;
-    v_deleted bigint;
+    v_deleted bigint := 0::bigint;
+    v_from    bigint;
+    v_last    bigint;
+    v_jobs    text[];
+    v_count   bigint;
+    batch     constant integer := 10000;  -- run ids per DELETE
 BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument older_than must not be null';
     END IF;
     PERFORM ledger._check_duration(older_than, 'older_than', ledger._max_older_than());
-    v_cutoff := clock_timestamp() - older_than;
+    v_cutoff := clock_timestamp() - ledger._exact(older_than);  -- exact: not the session's TimeZone's
 
-    -- Keep each job's newest success, by slot (catch-up starts from it) and
-    -- by time (job_status shows it).
-    WITH keep AS (
-        SELECT newest.run_id
-          FROM (SELECT DISTINCT job FROM ledger.job_execution_log) jobs_,
-               LATERAL (
-                   (SELECT r.run_id FROM ledger.job_execution_log r
-                     WHERE r.job = jobs_.job AND r.status = 'success' AND r.slot IS NOT NULL
-                     ORDER BY r.slot DESC LIMIT 1)
-                   UNION ALL
-                   (SELECT r.run_id FROM ledger.job_execution_log r
-                     WHERE r.job = jobs_.job AND r.status = 'success'
-                     ORDER BY r.completed_at DESC LIMIT 1)) newest
-    ), purged AS (
-        DELETE FROM ledger.job_execution_log r
-         WHERE r.status <> 'running'
-           AND r.completed_at < v_cutoff
-           AND r.run_id NOT IN (SELECT keep.run_id FROM keep)
-        RETURNING r.run_id, r.job, r.slot, r.idempotency_key, r.status, r.completed_at
-    ), slots_done AS (
-        -- What a purge must not forget: the slots and keys that succeeded.
-        INSERT INTO ledger.purged_slots AS p (job, done_through)
-        SELECT purged.job, max(purged.slot) FROM purged
-         WHERE purged.status = 'success' AND purged.slot IS NOT NULL
-         GROUP BY purged.job
-        ON CONFLICT ON CONSTRAINT purged_slots_pkey DO UPDATE SET
-            done_through = greatest(p.done_through, excluded.done_through)
-    ), keys_done AS (
-        INSERT INTO ledger.purged_keys (job, idempotency_key, run_id, completed_at)
-        SELECT purged.job, purged.idempotency_key, purged.run_id, purged.completed_at FROM purged
-         WHERE purged.status = 'success' AND purged.idempotency_key IS NOT NULL
-        ON CONFLICT ON CONSTRAINT purged_keys_pkey DO NOTHING
-    )
-    SELECT count(*) INTO v_deleted FROM purged;
+    SELECT min(r.run_id), max(r.run_id) INTO v_from, v_last FROM ledger.job_execution_log r;
+    WHILE v_from <= v_last LOOP
+        -- Keep each job's newest success, by slot (catch-up starts from it)
+        -- and by time (job_status shows it): for the jobs of this range only.
+        WITH candidates AS (
+            SELECT r.run_id, r.job FROM ledger.job_execution_log r
+             WHERE r.run_id >= v_from AND r.run_id < v_from + batch
+               AND r.status <> 'running' AND r.completed_at < v_cutoff
+        ), keep AS (
+            SELECT newest.run_id
+              FROM (SELECT DISTINCT candidates.job FROM candidates) jobs_,
+                   LATERAL (
+                       (SELECT r.run_id FROM ledger.job_execution_log r
+                         WHERE r.job = jobs_.job AND r.status = 'success' AND r.slot IS NOT NULL
+                         ORDER BY r.slot DESC LIMIT 1)
+                       UNION ALL
+                       (SELECT r.run_id FROM ledger.job_execution_log r
+                         WHERE r.job = jobs_.job AND r.status = 'success'
+                         ORDER BY r.completed_at DESC LIMIT 1)) newest
+        ), purged AS (
+            DELETE FROM ledger.job_execution_log r
+             USING candidates
+             WHERE r.run_id = candidates.run_id
+               AND r.run_id NOT IN (SELECT keep.run_id FROM keep WHERE keep.run_id IS NOT NULL)
+            RETURNING r.run_id, r.job, r.slot, r.idempotency_key, r.status, r.started_at, r.completed_at
+        ), slots_done AS (
+            -- What a purge must not forget: the slots and keys that succeeded.
+            INSERT INTO ledger.purged_slots AS p (job, done_through)
+            SELECT purged.job, max(purged.slot) FROM purged
+             WHERE purged.status = 'success' AND purged.slot IS NOT NULL
+             GROUP BY purged.job
+            ON CONFLICT ON CONSTRAINT purged_slots_pkey DO UPDATE SET
+                done_through = greatest(p.done_through, excluded.done_through)
+        ), keys_done AS (
+            INSERT INTO ledger.purged_keys (job, idempotency_key, run_id, completed_at)
+            SELECT purged.job, purged.idempotency_key, purged.run_id, purged.completed_at FROM purged
+             WHERE purged.status = 'success' AND purged.idempotency_key IS NOT NULL
+            ON CONFLICT ON CONSTRAINT purged_keys_pkey DO NOTHING
+        )
+        -- The jobs whose state the removed rows were part of: their last
+        -- run, their longest success, or a failure since their last success
+        -- (the newest successes stay, and so do running runs).
+        SELECT count(*),
+               array_agg(DISTINCT purged.job::text)
+                   FILTER (WHERE c.job IS NULL OR purged.run_id = c.last_run_id
+                              OR (purged.status = 'success'
+                                  AND (purged.completed_at - purged.started_at >= c.longest_success
+                                       OR purged.started_at >= c.last_success_started_at))
+                              OR (purged.status = 'failure'
+                                  AND purged.started_at > coalesce(c.last_success_started_at, '-infinity')))
+          INTO v_count, v_jobs
+          FROM purged LEFT JOIN ledger.counters c ON c.job = purged.job;
+        v_deleted := v_deleted + v_count;
+        IF v_jobs IS NOT NULL THEN
+            PERFORM ledger._refresh_state(v_jobs);
+        END IF;
+        v_from := v_from + batch;
+    END LOOP;
 
     -- Old drop records too, except each job's newest (catch-up starts after it).
     DELETE FROM ledger.skipped_slots s
@@ -359,4 +510,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION ledger.purge_log(interval) IS
-    'Delete ended runs older than that, never a job''s newest success; returns how many';
+    'Delete ended runs older than that, never a job''s newest success, in batches of run ids; returns how many';

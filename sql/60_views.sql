@@ -1,15 +1,20 @@
 -- Read-only views over the ledger: counters and the overlap audit.
 
 CREATE VIEW ledger.job_counters AS
-SELECT job,
+SELECT k.job,
        coalesce(c.runs_started, 0)     AS runs_started,
        coalesce(c.successes, 0)        AS successes,
        coalesce(c.failures, 0)         AS failures,
-       coalesce(c.skipped_overlap, 0)  AS skipped_overlap,
+       -- skips not yet folded into ledger.counters are in ledger.skip_counts
+       coalesce(c.skipped_overlap, 0)
+           + coalesce((SELECT sum(s.skipped_overlap) FROM ledger.skip_counts s WHERE s.job = k.job), 0)::bigint
+                                       AS skipped_overlap,
        coalesce(c.skipped_backfill, 0) AS skipped_backfill,
        coalesce(c.leases_lost, 0)      AS leases_lost
-  FROM ledger.counters c
-  FULL JOIN ledger.jobs j USING (job);
+  FROM (SELECT t.job FROM ledger.counters t
+        UNION SELECT t.job FROM ledger.jobs t
+        UNION SELECT t.job FROM ledger.skip_counts t) k
+  LEFT JOIN ledger.counters c ON c.job = k.job;
 COMMENT ON VIEW ledger.job_counters IS
     'Per job: runs started, successes, failures, skips by overlap and by backfill limit, leases lost';
 
@@ -45,3 +50,23 @@ SELECT a.job,
  WHERE o.earlier_end > o.started_at;
 COMMENT ON VIEW ledger.overlaps IS
     'Pairs of runs of the same job whose time spans overlap; always empty when the ledger holds';
+
+-- Two successes of one job for one slot or one idempotency key. Should
+-- always be empty (the unique partial indexes forbid it): the audit that
+-- proves no slot or key succeeded twice.
+CREATE VIEW ledger.duplicates AS
+SELECT r.job, 'slot'::text AS kind, r.slot::text AS value,
+       array_agg(r.run_id ORDER BY r.run_id) AS run_ids
+  FROM ledger.job_execution_log r
+ WHERE r.status = 'success' AND r.slot IS NOT NULL
+ GROUP BY r.job, r.slot
+HAVING count(*) > 1
+UNION ALL
+SELECT r.job, 'idempotency_key', r.idempotency_key::text,
+       array_agg(r.run_id ORDER BY r.run_id)
+  FROM ledger.job_execution_log r
+ WHERE r.status = 'success' AND r.idempotency_key IS NOT NULL
+ GROUP BY r.job, r.idempotency_key
+HAVING count(*) > 1;
+COMMENT ON VIEW ledger.duplicates IS
+    'Slots and idempotency keys of a job that succeeded more than once; always empty when the ledger holds';

@@ -1,8 +1,12 @@
 -- Reporting views: read-only, granted to ledger_reader. They read the log and
 -- the counters; none of them writes.
 
+-- Per job: the counts and percentiles over each job's newest 1,000 runs (an
+-- index scan per job, so a metrics scrape does not grow with the log's
+-- length); the longest successful run over the whole log, from the job's
+-- state (ledger.counters.longest_success).
 CREATE VIEW ledger.run_stats AS
-SELECT r.job,
+SELECT c.job,
        count(*)                                             AS runs,
        count(*) FILTER (WHERE r.status = 'success')         AS successes,
        count(*) FILTER (WHERE r.status = 'failure')         AS failures,
@@ -12,35 +16,54 @@ SELECT r.job,
            FILTER (WHERE r.status = 'success')              AS p50_duration,
        percentile_cont(0.95) WITHIN GROUP (ORDER BY r.completed_at - r.started_at)
            FILTER (WHERE r.status = 'success')              AS p95_duration,
-       max(r.completed_at - r.started_at) FILTER (WHERE r.status = 'success') AS max_duration
-  FROM ledger.job_execution_log r
- GROUP BY r.job;
+       c.longest_success                                    AS max_duration
+  FROM ledger.counters c
+ CROSS JOIN LATERAL (
+       SELECT r.status, r.started_at, r.completed_at FROM ledger.job_execution_log r
+        WHERE r.job = c.job ORDER BY r.started_at DESC LIMIT 1000) r
+ WHERE c.last_run_id IS NOT NULL
+ GROUP BY c.job, c.longest_success;
 COMMENT ON VIEW ledger.run_stats IS
-    'Per job, over the log: runs, failure rate, p50/p95/max duration of successful runs';
+    'Per job, over its newest 1,000 runs: runs, failure rate, p50/p95 duration of successful runs; the longest over the log';
 
--- The ttl should be 1.5 to 2 times the longest normal run, renewed every ttl/3.
+-- The ttl should be 1.5 to 2 times the longest normal run, renewed every
+-- ttl/3; never under 1 second (ledger._advice_min_ttl: a 19 ms run is no
+-- reason for a 28 ms lease), and no advice before 5 successes
+-- (ledger._advice_min_runs): one run is no sample.
 CREATE VIEW ledger.ttl_advice AS
 WITH known AS (
     SELECT job, coalesce(j.ttl, l.ttl) AS ttl
       FROM ledger.jobs j FULL JOIN ledger.leases l USING (job)
+), sampled AS (
+    SELECT k.job, k.ttl,
+           CASE WHEN c.successes >= ledger._advice_min_runs() THEN c.longest_success END AS longest,
+           coalesce(c.successes, 0) AS successes
+      FROM known k
+      LEFT JOIN ledger.counters c ON c.job = k.job
 )
-SELECT k.job,
-       k.ttl,
-       s.max_duration                                      AS longest_run,
-       s.max_duration * 1.5                                AS recommended_min,
-       s.max_duration * 2                                  AS recommended_max,
-       k.ttl / 3                                           AS renew_every,
+SELECT s.job,
+       s.ttl,
+       s.longest                                                    AS longest_run,
+       -- greatest() ignores NULLs: no sample, no recommendation
+       CASE WHEN s.longest IS NOT NULL
+            THEN greatest(s.longest * 1.5, ledger._advice_min_ttl()) END AS recommended_min,
+       CASE WHEN s.longest IS NOT NULL
+            THEN greatest(s.longest * 2, ledger._advice_min_ttl()) END   AS recommended_max,
+       s.ttl / 3                                                    AS renew_every,
        CASE
-           WHEN k.ttl IS NULL OR s.max_duration IS NULL THEN 'no_data'
-           WHEN k.ttl < s.max_duration * 1.5 THEN 'too_short'
-           WHEN k.ttl > s.max_duration * 2 THEN 'too_long'
+           WHEN s.ttl IS NULL OR s.longest IS NULL THEN 'no_data'
+           WHEN s.ttl < greatest(s.longest * 1.5, ledger._advice_min_ttl()) THEN 'too_short'
+           WHEN s.ttl > greatest(s.longest * 2, ledger._advice_min_ttl()) THEN 'too_long'
            ELSE 'ok'
-       END                                                 AS verdict
-  FROM known k
-  LEFT JOIN ledger.run_stats s ON s.job = k.job;
+       END                                                          AS verdict,
+       s.successes                                                  AS successes
+  FROM sampled s;
 COMMENT ON VIEW ledger.ttl_advice IS
-    'Per job: ttl, longest successful run, recommended ttl range (1.5-2x), renew interval, verdict';
+    'Per job: ttl, longest successful run, recommended ttl range (1.5-2x, at least 1 s, after 5 successes), renew interval, verdict';
 
+-- Per job, from the job's row in each of jobs, leases and counters (its
+-- state, kept by the writing functions): the cost is per job, whatever the
+-- length of the log.
 CREATE VIEW ledger.job_status AS
 WITH known AS (
     SELECT job FROM ledger.jobs
@@ -56,13 +79,13 @@ SELECT k.job,
        CASE WHEN l.released_at IS NULL AND l.expires_at > now() THEN l.owner END AS holder,
        l.token,
        l.expires_at                                         AS lease_expires_at,
-       last_run.run_id                                      AS last_run_id,
-       last_run.status                                      AS last_status,
-       last_run.started_at                                  AS last_started_at,
-       last_run.completed_at                                AS last_completed_at,
-       last_success.completed_at                            AS last_success_at,
-       running.run_id                                       AS running_run_id,
-       now() - running.started_at                           AS running_for,
+       c.last_run_id                                        AS last_run_id,
+       c.last_status                                        AS last_status,
+       c.last_started_at                                    AS last_started_at,
+       c.last_completed_at                                  AS last_completed_at,
+       c.last_success_at                                    AS last_success_at,
+       c.running_run_id                                     AS running_run_id,
+       now() - c.running_started_at                         AS running_for,
        CASE WHEN j.schedule IS NOT NULL AND NOT j.paused
             THEN ledger._slot_after(j.schedule_spec, j.time_zone, now()) END AS next_slot,
        -- Overdue: a slot at least one ttl old (5 minutes without a ttl) has
@@ -70,65 +93,220 @@ SELECT k.job,
        -- is a crash, not progress). A job that never ran counts from its
        -- registration.
        coalesce(j.schedule IS NOT NULL AND NOT j.paused
-                AND NOT (running.run_id IS NOT NULL AND l.token = running.token
+                AND NOT (c.running_run_id IS NOT NULL AND l.token = c.running_token
                          AND l.released_at IS NULL AND l.expires_at > now())
                 AND ledger._slot_at_or_before(j.schedule_spec, j.time_zone,
                                               now() - coalesce(j.ttl, l.ttl, interval '5 minutes'))
-                    > coalesce(done.slot, j.created_at), false) AS overdue,
-       (SELECT count(*) FROM ledger.job_execution_log f
-         WHERE f.job = k.job AND f.status = 'failure'
-           AND f.started_at > coalesce(last_success.started_at, '-infinity')) AS consecutive_failures,
+                    > coalesce(c.done_slot, j.created_at), false) AS overdue,
+       coalesce(c.consecutive_failures, 0)                  AS consecutive_failures,
        -- A job known only by its lease has no counters row: zeros, not NULLs.
        coalesce(c.runs_started, 0) AS runs_started, coalesce(c.successes, 0) AS successes,
-       coalesce(c.failures, 0) AS failures, coalesce(c.skipped_overlap, 0) AS skipped_overlap,
+       coalesce(c.failures, 0) AS failures,
+       coalesce(c.skipped_overlap, 0)
+           + coalesce((SELECT sum(s.skipped_overlap) FROM ledger.skip_counts s WHERE s.job = k.job), 0)::bigint
+                                   AS skipped_overlap,
        coalesce(c.skipped_backfill, 0) AS skipped_backfill, coalesce(c.leases_lost, 0) AS leases_lost
   FROM known k
   LEFT JOIN ledger.jobs j ON j.job = k.job
   LEFT JOIN ledger.leases l ON l.job = k.job
-  LEFT JOIN ledger.job_counters c ON c.job = k.job
-  LEFT JOIN LATERAL (
-      SELECT r.run_id, r.status, r.started_at, r.completed_at FROM ledger.job_execution_log r
-       WHERE r.job = k.job ORDER BY r.started_at DESC, r.run_id DESC LIMIT 1) last_run ON true
-  LEFT JOIN LATERAL (
-      SELECT r.started_at, r.completed_at FROM ledger.job_execution_log r
-       WHERE r.job = k.job AND r.status = 'success' ORDER BY r.started_at DESC LIMIT 1) last_success ON true
-  LEFT JOIN LATERAL (
-      SELECT r.run_id, r.token, r.started_at FROM ledger.job_execution_log r
-       WHERE r.job = k.job AND r.status = 'running') running ON true
-  LEFT JOIN LATERAL (
-      SELECT r.slot FROM ledger.job_execution_log r
-       WHERE r.job = k.job AND r.status = 'success' AND r.slot IS NOT NULL
-       ORDER BY r.slot DESC LIMIT 1) done ON true;
+  LEFT JOIN ledger.counters c ON c.job = k.job;
 COMMENT ON VIEW ledger.job_status IS
     'One row per known job: lease, last run, last success, current run, next slot, overdue, failures, counters';
 
--- One row per live problem.
+-- One health state per known job, from its rows in jobs, leases and
+-- counters (never the log): O(jobs). The first state that holds wins:
+--   paused    the job is paused (pause_reason: 'operator' or 'failures');
+--   overrun   a live run has been running longer than max_runtime;
+--   running   a live run (its lease held and not expired);
+--   down      at least 3 slots missed (ledger._down_after_slots), or no
+--             success for longer than down_after (since registration when
+--             none ever succeeded);
+--   late      a slot missed: due, not started within the grace;
+--   failing   the last ended run failed (consecutive_failures >= 1);
+--   never_run no run yet;
+--   ok        otherwise.
+-- A slot is missed when it lies after the newest slot that succeeded (or
+-- the registration) and is older than the grace: late_after, or by
+-- default the ttl but at least 1 minute. missed_slots counts them from the
+-- schedule, without listing them: arithmetic for an interval, per day for
+-- cron, over at most 366 days back (beyond that the count is a lower bound:
+-- missed_slots_capped). `since` is when the state began (for failing: the
+-- end of the last success, or the registration; for ok: the last success).
+CREATE VIEW ledger.job_health AS
+WITH known AS (
+    SELECT job FROM ledger.jobs
+    UNION
+    SELECT job FROM ledger.leases
+), base AS (
+    SELECT k.job, j.schedule, j.schedule_spec, j.time_zone, j.created_at, coalesce(j.paused, false) AS paused,
+           j.paused_at, j.pause_reason, j.down_after, j.min_runtime, j.max_runtime, j.pause_after_failures,
+           coalesce(j.late_after, greatest(coalesce(j.ttl, l.ttl, interval '1 minute'), interval '1 minute')) AS grace,
+           c.last_success_at, c.last_success_started_at, c.consecutive_failures, c.running_run_id,
+           c.running_started_at, coalesce(c.runs_started, 0) AS runs_started, c.last_completed_at,
+           (c.running_run_id IS NOT NULL AND l.token = c.running_token
+            AND l.released_at IS NULL AND l.expires_at > now()) AS live,
+           -- missed slots lie in (done, upto]
+           coalesce(c.done_slot, j.created_at) AS done
+      FROM known k
+      LEFT JOIN ledger.jobs j ON j.job = k.job
+      LEFT JOIN ledger.leases l ON l.job = k.job
+      LEFT JOIN ledger.counters c ON c.job = k.job
+), counted AS (
+    SELECT b.*,
+           CASE WHEN b.schedule IS NULL THEN NULL
+                WHEN now() - b.grace <= b.done THEN 0::bigint
+                WHEN (b.schedule_spec).kind = 'interval'
+                THEN ledger._slot_count(b.schedule_spec, b.time_zone, b.done, now() - b.grace)
+                ELSE ledger._slot_count(b.schedule_spec, b.time_zone,
+                                        greatest(b.done, now() - b.grace - ledger._missed_horizon()),
+                                        now() - b.grace) END AS missed_slots,
+           b.schedule IS NOT NULL AND (b.schedule_spec).kind <> 'interval'
+               AND b.done < now() - b.grace - ledger._missed_horizon() AS missed_slots_capped
+      FROM base b
+), judged AS (
+    SELECT c.*,
+           CASE
+               WHEN c.paused THEN 'paused'
+               WHEN c.live AND c.max_runtime IS NOT NULL AND now() - c.running_started_at > c.max_runtime
+               THEN 'overrun'
+               WHEN c.live THEN 'running'
+               WHEN c.missed_slots >= ledger._down_after_slots()
+                    OR (c.down_after IS NOT NULL
+                        AND now() - coalesce(c.last_success_at, c.created_at) > c.down_after) THEN 'down'
+               WHEN c.missed_slots >= 1 THEN 'late'
+               WHEN c.consecutive_failures >= 1 THEN 'failing'
+               WHEN c.runs_started = 0 THEN 'never_run'
+               ELSE 'ok'
+           END AS state
+      FROM counted c
+)
+SELECT j.job,
+       j.state,
+       CASE j.state
+           WHEN 'paused' THEN j.paused_at
+           WHEN 'overrun' THEN j.running_started_at + j.max_runtime
+           WHEN 'running' THEN j.running_started_at
+           WHEN 'down' THEN least(
+               CASE WHEN j.missed_slots >= ledger._down_after_slots()
+                    THEN ledger._slot_after(j.schedule_spec, j.time_zone,
+                             ledger._slot_after(j.schedule_spec, j.time_zone,
+                                 ledger._slot_after(j.schedule_spec, j.time_zone, j.done))) + j.grace END,
+               CASE WHEN now() - coalesce(j.last_success_at, j.created_at) > j.down_after
+                    THEN coalesce(j.last_success_at, j.created_at) + j.down_after END)
+           WHEN 'late' THEN ledger._slot_after(j.schedule_spec, j.time_zone, j.done) + j.grace
+           WHEN 'failing' THEN coalesce(j.last_success_at, j.created_at)
+           WHEN 'never_run' THEN j.created_at
+           ELSE coalesce(j.last_success_at, j.last_completed_at)
+       END                                                   AS since,
+       CASE j.state
+           WHEN 'paused' THEN CASE j.pause_reason
+                                  WHEN 'failures' THEN format('paused after %s failures in a row',
+                                                              j.consecutive_failures)
+                                  ELSE 'paused by an operator' END
+           WHEN 'overrun' THEN format('running for %s, over its max_runtime %s',
+                                      date_trunc('second', now() - j.running_started_at), j.max_runtime)
+           WHEN 'running' THEN format('run %s running', j.running_run_id)
+           WHEN 'down' THEN CASE WHEN j.missed_slots >= ledger._down_after_slots()
+                                 THEN format('%s%s slots missed since the last success',
+                                             CASE WHEN j.missed_slots_capped THEN 'at least ' ELSE '' END,
+                                             j.missed_slots)
+                                 ELSE format('no success for over %s', j.down_after) END
+           WHEN 'late' THEN format('a slot due %s ago was not started within %s',
+                                   date_trunc('second', now() - ledger._slot_after(j.schedule_spec, j.time_zone, j.done)),
+                                   j.grace)
+           WHEN 'failing' THEN format('%s failures in a row', j.consecutive_failures)
+           WHEN 'never_run' THEN 'no run yet'
+           ELSE 'ok'
+       END                                                   AS reason,
+       j.pause_reason,
+       j.last_success_at,
+       now() - j.last_success_at                             AS last_success_age,
+       j.last_success_at - j.last_success_started_at         AS last_success_duration,
+       j.missed_slots,
+       j.missed_slots_capped,
+       j.grace                                               AS late_after,
+       j.down_after,
+       j.min_runtime,
+       j.max_runtime,
+       j.pause_after_failures,
+       coalesce(j.consecutive_failures, 0)                   AS consecutive_failures,
+       CASE WHEN j.live THEN j.running_run_id END            AS running_run_id,
+       CASE WHEN j.live THEN now() - j.running_started_at END AS running_for
+  FROM judged j;
+COMMENT ON VIEW ledger.job_health IS
+    'One health state per known job (paused, overrun, running, down, late, failing, never_run, ok), since when, why';
+
+-- One row per live problem. Every part reads per job (the jobs' state), and
+-- the overlap part audits each job's newest 1,000 runs (ledger.overlaps is
+-- the audit of the whole log), so alerts do not grow with the log's length.
 CREATE VIEW ledger.alerts AS
+WITH s AS MATERIALIZED (
+    -- job_status once for the three parts that read it (its overdue test
+    -- evaluates the schedule: paid once per job, not three times)
+    SELECT s.job, s.running_run_id, s.running_for, s.overdue, s.consecutive_failures, s.last_run_id
+      FROM ledger.job_status s
+), t AS MATERIALIZED (
+    SELECT t.job, t.ttl, t.longest_run, t.verdict FROM ledger.ttl_advice t
+), h AS MATERIALIZED (
+    SELECT h.job, h.state, h.since, h.reason, h.pause_reason, h.running_run_id FROM ledger.job_health h
+)
 SELECT 'long_running'::text AS alert, s.job, s.running_run_id AS run_id,
        format('running for %s, over twice its longest successful run (%s)',
-              date_trunc('second', s.running_for), date_trunc('second', t.longest_run)) AS message,
+              date_trunc('second', s.running_for), date_trunc('second', c.longest_success)) AS message,
        now() - s.running_for AS since
-  FROM ledger.job_status s JOIN ledger.ttl_advice t USING (job)
- WHERE s.running_run_id IS NOT NULL AND s.running_for > t.longest_run * 2
+  FROM s JOIN ledger.counters c USING (job)
+ WHERE s.running_run_id IS NOT NULL AND s.running_for > c.longest_success * 2
+UNION ALL
+-- From ledger.job_health: its late, down, overrun and failing states, and a
+-- pause that pause_after_failures made.
+SELECT h.state, h.job, h.running_run_id, h.reason, h.since
+  FROM h
+ WHERE h.state IN ('late', 'down', 'overrun', 'failing')
+UNION ALL
+SELECT 'paused', h.job, NULL, h.reason, h.since
+  FROM h
+ WHERE h.state = 'paused' AND h.pause_reason = 'failures'
+UNION ALL
+-- The newest success was shorter than min_runtime (from the job's state).
+SELECT 'too_fast', c.job, NULL,
+       format('the last success took %s, under its min_runtime %s',
+              c.last_success_at - c.last_success_started_at, j.min_runtime),
+       c.last_success_at
+  FROM ledger.counters c JOIN ledger.jobs j ON j.job = c.job
+ WHERE j.min_runtime IS NOT NULL AND c.last_success_at - c.last_success_started_at < j.min_runtime
 UNION ALL
 SELECT 'overdue', s.job, NULL,
-       format('a slot is more than one ttl old and has not succeeded, with no live run on it; next slot %s', s.next_slot),
+       format('a slot is more than one ttl old and has not succeeded, with no live run on it; next slot %s',
+              ledger._slot_after(j.schedule_spec, j.time_zone, now())),
        NULL
-  FROM ledger.job_status s
+  FROM s JOIN ledger.jobs j ON j.job = s.job
  WHERE s.overdue
 UNION ALL
 SELECT 'consecutive_failures', s.job, s.last_run_id,
        format('%s failures in a row', s.consecutive_failures), NULL
-  FROM ledger.job_status s
+  FROM s
  WHERE s.consecutive_failures >= 3
 UNION ALL
-SELECT 'overlap', o.job, o.other_run_id,
-       format('runs %s and %s overlap', o.run_id, o.other_run_id), o.other_started_at
-  FROM ledger.overlaps o
+SELECT 'overlap', o.job, o.run_id,
+       format('runs %s and %s overlap', a.run_id, o.run_id), o.started_at
+  FROM (SELECT w.*, max(coalesce(w.completed_at, 'infinity')) OVER (
+                 PARTITION BY w.job ORDER BY w.started_at, w.run_id
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier_end
+          FROM ledger.counters c
+         CROSS JOIN LATERAL (
+               SELECT r.run_id, r.job, r.started_at, r.completed_at FROM ledger.job_execution_log r
+                WHERE r.job = c.job ORDER BY r.started_at DESC LIMIT 1000) w
+         WHERE c.last_run_id IS NOT NULL) o
+  JOIN ledger.job_execution_log a
+    ON a.job = o.job
+   AND (a.started_at, a.run_id) < (o.started_at, o.run_id)
+   AND coalesce(a.completed_at, 'infinity') > o.started_at
+ WHERE o.earlier_end > o.started_at
 UNION ALL
 SELECT 'ttl_too_short', t.job, NULL,
        format('ttl %s is under 1.5 times the longest successful run (%s)', t.ttl, t.longest_run), NULL
-  FROM ledger.ttl_advice t
+  FROM t
  WHERE t.verdict = 'too_short';
 COMMENT ON VIEW ledger.alerts IS
-    'One row per live problem: long_running, overdue, consecutive_failures, overlap, ttl_too_short';
+    'One row per live problem: long_running, late, down, overrun, failing, paused, too_fast, overdue, '
+    'consecutive_failures, overlap, ttl_too_short';

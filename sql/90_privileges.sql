@@ -26,6 +26,11 @@ BEGIN
 END
 $grants$;
 
+-- The schedule previews read nothing a reader may not SELECT (a job's
+-- schedule) and write nothing: dashboards may call them too.
+GRANT EXECUTE ON FUNCTION ledger.next_slots(text, integer, timestamptz),
+                          ledger.preview_slots(text, text, integer, timestamptz) TO ledger_reader;
+
 -- The views compute next and overdue slots, and a view's functions are
 -- checked against whoever reads it. IMMUTABLE helpers are pure arithmetic
 -- (slots, tokens, argument checks) that read and write nothing: both roles

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import signal
+import threading
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from clihelp import jobledger, runs_of
+from clihelp import jobledger, runs_of, start, wait_for
 
 from ledger.cli import main
 from ledger.durations import format_duration, parse_duration
@@ -56,16 +59,16 @@ def test_every_command_has_help():
     runner = CliRunner()
     names = sorted(main.commands)
     assert {"install", "sql", "register", "pause", "resume", "run", "status", "runs", "purge", "reap",
-            "where", "demo"} <= set(names)
+            "where", "demo", "next"} <= set(names)
     for name in names:
         result = runner.invoke(main, [name, "--help"])
         assert result.exit_code == 0, (name, result.output)
         assert "Usage: " in result.output and "--help" in result.output
 
 
-def test_the_readme_documents_every_exit_code_of_run():
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("## Command line: `jobledger`", 1)[1]
+def test_the_cli_page_documents_every_exit_code_of_run():
+    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    section = page.split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
     table = re.findall(r"^\| ([0-9+N-]+) \|", section, re.MULTILINE)
     assert set(EXIT_CODES) <= set(table)
     assert {"0", "1", "2"} <= set(table)
@@ -123,7 +126,8 @@ def test_status_shows_jobs_and_alerts(dsn, db):
     assert jobs["broken"]["consecutive_failures"] == 3 and jobs["broken"]["last_status"] == "failure"
     assert jobs["hourly"]["schedule"] == "1 hour" and jobs["hourly"]["ttl"] == 600.0
     assert jobs["hourly"]["next_slot"] is not None
-    assert [(a["alert"], a["job"]) for a in status["alerts"]] == [("consecutive_failures", "broken")]
+    assert [(a["alert"], a["job"]) for a in status["alerts"]] == [("consecutive_failures", "broken"),
+                                                                  ("failing", "broken")]
 
     only = json.loads(jobledger("status", "broken", "--json", dsn=dsn).stdout)
     assert [row["job"] for row in only["jobs"]] == ["broken"]
@@ -194,3 +198,60 @@ def test_where_prints_the_dsn_in_use(dsn):
     assert "from option" in option.stderr
     shown = jobledger("where", "--show-password", "--dsn", "postgresql://app:s3cret@db.example/ops")
     assert shown.stdout == "postgresql://app:s3cret@db.example/ops\n"
+
+
+# -- status --watch --------------------------------------------------------------------------------
+
+def _watch(args: list[str], dsn: str, frames: int, is_frame) -> tuple[int, list[str], str]:
+    """Start `jobledger ARGS`, wait for `frames` frames on stdout, Ctrl-C it: (exit code, stdout lines, stderr)."""
+    watcher = start(*args, dsn=dsn)
+    lines: list[str] = []
+    assert watcher.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(iter(watcher.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: sum(1 for line in list(lines) if is_frame(line)) >= frames, timeout=60,
+                 what=f"{frames} frames of {' '.join(args)}")
+        watcher.send_signal(signal.SIGINT)
+        _, stderr = watcher.communicate(timeout=60)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    reader.join(5)
+    return watcher.returncode, [line.rstrip("\n") for line in lines], stderr
+
+
+def test_the_cli_page_status_watch_redraws_until_ctrl_c(dsn, db):
+    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    section = page.split("\n## Watching: `jobledger status --watch`\n", 1)[1].split("\n## ", 1)[0]
+    [command] = [line for block in re.findall(r"```sh\n(.*?)```", section, re.S) for line in block.splitlines()
+                 if line.startswith("jobledger ")]
+    db.execute("SELECT ledger.register_job(job => 'hourly', schedule => '1 hour', ttl => '10 minutes')")
+    code, lines, stderr = _watch(shlex.split(command)[1:], dsn, 2, lambda line: line.startswith("jobledger status"))
+    assert code == 0, stderr  # Ctrl-C is the way a watch ends: no "Aborted!", no traceback
+    assert "Traceback" not in stderr and "Aborted" not in stderr
+    headers = [line for line in lines if line.startswith("jobledger status")]
+    assert len(headers) >= 2 and all(re.match(r"jobledger status, every 1s \(.*; Ctrl-C to stop\)$", h)
+                                     for h in headers)
+    assert sum("hourly" in line for line in lines) >= 2  # each frame shows the job
+
+
+def test_status_watch_json_is_one_object_a_line(dsn, db):
+    db.execute("SELECT ledger.start_run(job => 'busy', owner => 'host-1', ttl => '1 minute')")
+    code, lines, stderr = _watch(["status", "--watch", "--json", "--interval", "200ms", "busy"], dsn, 3,
+                                 lambda line: line.startswith("{"))
+    assert code == 0, stderr
+    frames = [json.loads(line) for line in lines if line.startswith("{")]
+    assert len(frames) >= 3
+    assert all([job["job"] for job in frame["jobs"]] == ["busy"] and frame["jobs"][0]["holder"] == "host-1"
+               for frame in frames)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["status", "--interval", "2s"], "--interval goes with --watch"),
+    (["status", "--watch", "--interval", "10ms"], "at least 100ms"),
+])
+def test_status_watch_options_are_checked(dsn, args, message):
+    result = jobledger(*args, dsn=dsn)
+    assert result.returncode == 2 and message in result.stderr, result.stderr

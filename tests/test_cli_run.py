@@ -2,7 +2,9 @@
 
 Exit codes, the run's log row, the environment CMD gets, the skip path,
 lease loss (SIGTERM then SIGKILL to CMD), signal forwarding (the run is
-recorded cancelled), and the catch-up loop (CMD once per due slot).
+recorded cancelled), the catch-up loop (CMD once per due slot), the time
+limit (--timeout), retries (--retries, --backoff) and the message for a host
+that races another for a due slot.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def test_lease_loss_sends_sigterm_then_sigkill_to_cmd(dsn, db, tmp_path):
                                  "ttl => '1 minute')").fetchone()
         assert outcome == ("started",)
         stolen_at = time.monotonic()
-        stdout, stderr = wrapper.communicate(timeout=15)
+        stdout, stderr = wrapper.communicate(timeout=60)
         took = time.monotonic() - stolen_at
     finally:
         if wrapper.poll() is None:
@@ -152,7 +154,7 @@ def test_a_signal_to_the_wrapper_is_forwarded_and_the_run_cancelled(dsn, db, tmp
     try:
         wait_for(lambda: ready.exists() and ready.read_text().strip(), what="CMD to start")
         wrapper.send_signal(sent)
-        stdout, stderr = wrapper.communicate(timeout=15)
+        stdout, stderr = wrapper.communicate(timeout=60)
     finally:
         if wrapper.poll() is None:
             wrapper.kill()
@@ -226,9 +228,12 @@ def test_the_help_of_run_names_the_environment_the_job_aware_fence_needs():
         assert name in text, name
 
 
+CLI_PAGE = Path(__file__).resolve().parent.parent / "docs" / "cli.md"  # its examples marked executed by this file
+
+
 def _readme_fencing_script() -> str:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("### Wrapping a command: `jobledger run`", 1)[1].split("\n### ", 1)[0]
+    readme = CLI_PAGE.read_text()
+    section = readme.split("\n## Wrapping a command: `jobledger run`\n", 1)[1].split("\n## ", 1)[0]
     [script] = [block for block in re.findall(r"```sh\n(.*?)```", section, re.S) if "ledger.fence(" in block]
     return script
 
@@ -262,7 +267,7 @@ def test_cmd_fences_its_write_with_ledger_job_and_a_stale_or_foreign_token_write
 
 
 def _readme_crontab_job_line() -> str:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = CLI_PAGE.read_text()
     block = readme.split("```crontab\n", 1)[1].split("```", 1)[0]
     lines = [line for line in block.splitlines() if line.strip() and not line.startswith("#") and "=" not in
              line.split()[0]]
@@ -294,3 +299,112 @@ def test_the_readme_crontab_line_runs_once_and_skips_the_concurrent_copy(dsn, db
     assert (tmp_path / "ran").read_text() == "published\n"
     job = fields[5].split()[2]
     assert [r["status"] for r in runs_of(db, job)] == ["success"]
+
+
+# -- time limit, retries, the racing host -----------------------------------------------------------
+
+def test_timeout_stops_cmd_and_records_a_failure_with_exit_123(dsn, db, tmp_path):
+    marks, ready = tmp_path / "marks", tmp_path / "ready"
+    result = jobledger("run", "slow", "--ttl", "1m", "--timeout", "1s", "--grace", "0.5s", "--", "sh", "-c", STUBBORN,
+                       env=environment(dsn, MARKS=str(marks), READY=str(ready)))
+    assert result.returncode == 123, result.stderr
+    assert "timeout: the command ran longer than 1s: stopping it" in result.stderr
+    assert marks.read_text().splitlines()[0] == "TERM"
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(ready.read_text()), 0)  # it ignored SIGTERM: SIGKILL after the grace
+    [run] = runs_of(db, "slow")
+    assert (run["status"], run["failure_reason"]) == ("failure", "error")
+    assert "timeout: ran longer than 1s; command stopped with SIGTERM, then SIGKILL after the grace" in run["error"]
+    assert run["detail"]["timeout_seconds"] == 1.0 and run["detail"]["exit_code"] == 123
+
+
+def test_a_command_within_its_timeout_is_not_stopped(dsn, db):
+    result = jobledger("run", "quick", "--ttl", "1m", "--timeout", "30m", "--", "true", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    assert [r["status"] for r in runs_of(db, "quick")] == ["success"]
+
+
+def _cli_page_retry_line() -> str:
+    section = CLI_PAGE.read_text().split("\n## Wrapping a command: `jobledger run`\n", 1)[1].split("\n## ", 1)[0]
+    [block] = [b for b in re.findall(r"```sh\n(.*?)```", section, re.S) if "--retries" in b]
+    [line] = [line for line in block.splitlines() if line.startswith("jobledger ")]
+    return line
+
+
+def test_the_cli_page_retry_example_retries_a_failed_run_as_a_run_of_its_own(dsn, db, tmp_path):
+    line = _cli_page_retry_line()
+    script = tmp_path / "export.sh"
+    script.write_text("#!/bin/sh\necho x >> attempts\n[ \"$(wc -l < attempts)\" -ge 2 ] || { echo 'network down' >&2; "
+                      "exit 4; }\n")
+    script.chmod(0o755)
+    command = line.replace("jobledger", shlex.join(JOBLEDGER), 1)
+    result = subprocess.run(["sh", "-c", command], cwd=tmp_path, env=environment(dsn), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "attempt 1 of 3 failed: retrying in 1s" in result.stderr
+    job = line.split()[2]
+    runs = runs_of(db, job)
+    assert [(r["status"], r["detail"]["attempt"]) for r in runs] == [("failure", 1), ("success", 2)]
+    assert "network down" in runs[0]["error"]
+    assert runs[0]["token"] < runs[1]["token"]  # each attempt started (and fenced) on its own
+
+
+def test_retries_end_after_n_more_attempts_with_the_last_code_and_a_doubling_backoff(dsn, db):
+    result = jobledger("run", "broken", "--ttl", "1m", "--retries", "2", "--backoff", "100ms", "--",
+                       "sh", "-c", "exit 3", dsn=dsn)
+    assert result.returncode == 3, result.stderr
+    assert "attempt 1 of 3 failed: retrying in 100ms" in result.stderr
+    assert "attempt 2 of 3 failed: retrying in 200ms" in result.stderr
+    runs = runs_of(db, "broken")
+    assert [(r["status"], r["detail"]["attempt"]) for r in runs] == [("failure", 1), ("failure", 2), ("failure", 3)]
+
+
+def test_a_scheduled_job_retries_the_same_slot_then_goes_on(dsn, db, tmp_path):
+    db.execute("SELECT ledger.register_job(job => 'daily', schedule => '1 day', ttl => '1 minute')")
+    count = tmp_path / "count"
+    script = f'echo x >> {count}; [ "$(wc -l < {count})" -ge 2 ]'  # the first attempt fails
+    result = jobledger("run", "daily", "--retries", "3", "--backoff", "100ms", "--", "sh", "-c", script, dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    runs = runs_of(db, "daily")
+    assert [r["status"] for r in runs] == ["failure", "success"]
+    assert runs[0]["slot"] == runs[1]["slot"] is not None
+
+
+def test_a_command_that_cannot_start_is_not_retried(dsn, db):
+    result = jobledger("run", "typo", "--ttl", "1m", "--retries", "3", "--backoff", "100ms", "--",
+                       "./no-such-script.sh", dsn=dsn)
+    assert result.returncode == 127
+    assert len(runs_of(db, "typo")) == 1
+
+
+def test_sigterm_during_the_backoff_ends_the_retries(dsn, db):
+    wrapper = start("run", "flaky", "--ttl", "1m", "--retries", "5", "--backoff", "30s", "--", "sh", "-c", "exit 1",
+                    dsn=dsn)
+    try:
+        wait_for(lambda: [r["status"] for r in runs_of(db, "flaky")] == ["failure"], timeout=30,
+                 what="the first attempt to fail")
+        wrapper.send_signal(signal.SIGTERM)
+        _, stderr = wrapper.communicate(timeout=60)
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()
+    assert wrapper.returncode == 128 + signal.SIGTERM, stderr
+    assert "SIGTERM received: no more retries" in stderr
+    assert len(runs_of(db, "flaky")) == 1
+
+
+def test_the_racing_host_is_told_who_runs_the_due_slot(dsn, db, tmp_path):
+    db.execute("SELECT ledger.register_job(job => 'nightly', schedule => '1 day', ttl => '1 minute')")
+    started = db.execute("SELECT outcome, slot FROM ledger.start_due_run(job => 'nightly', owner => 'host-1')").fetchone()
+    assert started[0] == "started"
+    marker = tmp_path / "ran"
+    result = jobledger("run", "nightly", "--", "touch", str(marker), dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"nothing due: slot \S+ of job nightly is being run by host-1 \(lease until \S+\)",
+                     result.stderr), result.stderr
+    result = jobledger("run", "nightly", "--skip-exit-code", "75", "--", "touch", str(marker), dsn=dsn)
+    assert result.returncode == 75
+    assert not marker.exists()
+    [run] = runs_of(db, "nightly")
+    assert run["owner"] == "host-1" and run["status"] == "running"

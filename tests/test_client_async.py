@@ -1,90 +1,211 @@
-"""AsyncLedger parity: the scenarios of test_client.py through the asyncio client.
-
-Each test drives its own event loop with asyncio.run (no pytest-asyncio needed).
-"""
+"""The asyncio Python client against a real PostgreSQL: run and lease contexts,
+heartbeats, lease loss, fencing, errors, and no leaks."""
 
 from __future__ import annotations
 
-import asyncio
+import os
+import re
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from ledger import AsyncLedger, FenceOfAnotherJob, LeaseLost, LeaseSuperseded, RunNotFound, StaleToken
+from ledger import (
+    AsyncLedger,
+    FenceOfAnotherJob,
+    InvalidArgument,
+    LeaseLost,
+    LeaseSuperseded,
+    RunNotFound,
+    StaleToken,
+    default_owner,
+)
+from ledger._acompat import ASYNC, await_event, parked
 from ledger.aio import advance_fence, fence
+from ledger.errors import translate
+
+if ASYNC:
+    # This file is the one source of the client's behaviour tests: tools/async_to_sync.py
+    # writes tests/test_client.py from it ('make sync'), as it writes ledger/client.py
+    # from ledger/aio.py. `if ASYNC:` blocks hold what only the asyncio client does,
+    # their `else:` what only the sync client does (so each file has exactly its
+    # flavour's tests); the async fixtures below are the twins of conftest.py's
+    # (aconnect is connect, adb is db: the generator's NAMES table).
+    import asyncio
+    from asyncio import sleep as asleep
+else:
+    from time import sleep
 
 SECOND = timedelta(seconds=1)
 
+BACKENDS = (  # the clients connected to the test database but the probe (no autovacuum worker)
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+    "AND backend_type = 'client backend'")
+
+
+if ASYNC:
+    pytestmark = pytest.mark.anyio  # the async tests run on anyio's pytest plugin (the test extra)
+
+    @pytest.fixture
+    def anyio_backend() -> str:
+        return "asyncio"  # psycopg's async connections need asyncio (not trio, even where it is installed)
+
+    @pytest.fixture
+    async def aconnect(dsn):
+        """conftest.py's connect for the asyncio client: more async connections, all closed at teardown."""
+        opened: list[psycopg.AsyncConnection] = []
+
+        async def _connect(autocommit: bool = True, **kwargs: object) -> psycopg.AsyncConnection:
+            conn = await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **kwargs)
+            opened.append(conn)
+            return conn
+
+        yield _connect
+        for conn in opened:
+            await conn.close()
+
+    @pytest.fixture
+    async def adb(aconnect) -> psycopg.AsyncConnection:
+        """conftest.py's db for the asyncio client: an autocommit async connection to a fresh ledger database."""
+        return await aconnect()
+
+    def workers() -> tuple[int, int]:
+        """What runs beside the test: the threads that hold something (not the parked ones), the loop's tasks."""
+        return threading.active_count() - parked(), len(asyncio.all_tasks())
+
+    def start(target: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+        """Run ``target`` beside the test: a task of the loop."""
+        return asyncio.get_running_loop().create_task(target())
+
+    def running(writer: asyncio.Task[None]) -> bool:
+        return not writer.done()
+
+    async def finish(writer: asyncio.Task[None], timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for ``writer`` to end."""
+        await asyncio.wait([writer], timeout=timeout)
+else:
+    def workers() -> int:
+        """What runs beside the test: the threads that hold something (not the parked ones)."""
+        return threading.active_count() - parked()
+
+
+    def start(target: Callable[[], None]) -> threading.Thread:
+        """Run ``target`` beside the test: a thread."""
+        thread = threading.Thread(target=target)
+        thread.start()
+        return thread
+
+
+    def running(writer: threading.Thread) -> bool:
+        return writer.is_alive()
+
+
+    def finish(writer: threading.Thread, timeout: float) -> None:
+        writer.join(timeout)
+
 
 @pytest.fixture
-def reports(db):
-    db.execute("CREATE TABLE reports (writer text, token bigint)")
-    return db
+async def aledger(adb):
+    await adb.execute("CREATE TABLE reports (writer text, token bigint)")
+    aledger = AsyncLedger(adb, owner="worker-1")
+    yield aledger
+    await aledger.close()  # the spare connections of its contexts
 
 
-def log_row(db, run_id):
-    return db.execute("SELECT status, failure_reason, error FROM ledger.job_execution_log WHERE run_id = %s",
-                      (run_id,)).fetchone()
+async def one(adb, query, params=None):
+    """The first row ``query`` returns on ``adb``."""
+    cur = await adb.execute(query, params)
+    return await cur.fetchone()
 
 
-async def aconnect(dsn, autocommit=True) -> psycopg.AsyncConnection:
-    return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit)
-
-
-def fence_row(db, resource):
-    return db.execute("SELECT job, token FROM ledger.fences WHERE resource = %s", (resource,)).fetchone()
-
-
-async def other_start(dsn, job, owner="intruder", ttl="30 seconds"):
-    async with await aconnect(dsn) as conn:
-        cur = await conn.execute("SELECT outcome, holder FROM ledger.start_run(job => %s, owner => %s, ttl => %s)",
-                                 (job, owner, ttl))
+async def log_row(adb, run_id):
+    async with adb.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        await cur.execute("SELECT * FROM ledger.job_execution_log WHERE run_id = %s", (run_id,))
         return await cur.fetchone()
 
 
-def test_a_one_second_ttl_run_survives_a_five_second_body(dsn, reports):
-    async def main():
-        async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
-            ledger = AsyncLedger(pool, owner="worker-1")
-            probes = []
-            async with await aconnect(dsn, autocommit=False) as user:
-                async with ledger.run("slow", ttl=SECOND) as run:
-                    assert run.started
-                    async with user.transaction():  # held open for the whole body
-                        for _ in range(2):
-                            await asyncio.sleep(2.55)
-                            probes.append(await other_start(dsn, "slow", ttl="1 second"))
-                        await run.fence(user, "reports")
-                        await user.execute("INSERT INTO reports VALUES ('worker-1', %s)", (run.token,))
-                    await run.check(remote=True)
-            return run, probes
+async def other_start(adb, job, owner="intruder", ttl="30 seconds"):
+    return await one(adb, "SELECT outcome, holder FROM ledger.start_run(job => %s, owner => %s, ttl => %s)",
+                     (job, owner, ttl))
 
-    run, probes = asyncio.run(main())
-    assert probes == [("skipped_overlap", "worker-1")] * 2
-    assert not run.lost.is_set()
+
+async def backends(adb) -> int:
+    return (await one(adb, BACKENDS))[0]
+
+
+async def fence_row(adb, resource):
+    return await one(adb, "SELECT job, token FROM ledger.fences WHERE resource = %s", (resource,))
+
+
+async def wait_until_blocked(adb, pid, writer, timeout=30):
+    """Poll until backend ``pid`` waits for a lock (while ``writer`` still runs)."""
+    deadline = time.monotonic() + timeout
+    while (await one(adb, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)))[0] != "Lock":
+        assert running(writer) and time.monotonic() < deadline, "the fence never waited for the lock"
+        await asleep(0.01)
+
+
+async def settle_workers(expected):
+    """``workers()`` once it is ``expected``, or after a second (a thread parks a moment after its target returned)."""
+    deadline = time.monotonic() + 1
+    while (now := workers()) != expected and time.monotonic() < deadline:
+        await asleep(0.01)
+    return now
+
+
+async def settle(adb, expected: int) -> int:
+    # A backend leaves pg_stat_activity a moment after its client closed.
+    deadline = time.monotonic() + 3
+    while (count := await backends(adb)) != expected and time.monotonic() < deadline:
+        await asleep(0.05)
+    return count
+
+
+async def test_a_run_logs_success_with_its_detail_and_a_fencing_token(aledger, adb):
+    async with aledger.run("nightly", ttl=timedelta(minutes=80), detail={"batch": 7}) as run:
+        assert (run.started, run.outcome, run.token) == (True, "started", 1)
+        async with adb.transaction():
+            assert await run.fence(adb, "reports") == 1
+            await adb.execute("INSERT INTO reports VALUES ('worker-1', %s)", (run.token,))
+        run.detail["rows"] = 1
     assert run.result is not None and run.result.status == "success"
-    assert run.result.heartbeat_at - run.result.started_at > timedelta(seconds=4)
-    assert reports.execute("SELECT count(*) FROM reports").fetchone()[0] == 1
+    assert run.result.detail == {"batch": 7, "rows": 1}
+    assert run.result.owner == "worker-1" and run.result.run_id == run.run_id
+    assert not run.lost.is_set()
+    assert await fence_row(adb, "reports") == ("nightly", 1)  # bound to the run's job
 
 
-def test_an_exception_in_the_body_fails_the_run_with_its_message(dsn, db):
-    async def main():
-        async with AsyncLedger(dsn, owner="worker-1") as ledger:
-            with pytest.raises(ValueError, match="disk full"):
-                async with ledger.run("nightly", ttl=timedelta(minutes=1)) as run:
-                    raise ValueError("disk full")
-            return run
+async def test_a_skip_is_not_an_exception_and_says_who_holds_the_job(aledger, adb):
+    assert (await other_start(adb, "nightly", ttl="1 minute"))[0] == "started"
+    before = workers()
+    async with aledger.run("nightly", ttl=timedelta(minutes=80)) as run:
+        assert not run.started
+        assert run.outcome == "skipped_overlap"
+        assert run.holder == "intruder" and run.holder_expires_at is not None
+        assert await settle_workers(before) == before  # no heartbeat for a run that did not start
+        with pytest.raises(RuntimeError, match="skipped_overlap"):
+            await run.fence(adb, "reports")
+    assert run.result is None
+    assert await one(adb, "SELECT skipped_overlap, failures FROM ledger.job_counters WHERE job = 'nightly'") == (1, 0)
 
-    run = asyncio.run(main())
-    assert log_row(db, run.run_id) == ("failure", "error", "ValueError: disk full")
+
+async def test_an_exception_in_the_body_fails_the_run_with_its_message_and_propagates(aledger, adb):
+    with pytest.raises(ValueError, match="disk full"):
+        async with aledger.run("nightly", ttl=timedelta(minutes=80)) as run:
+            raise ValueError("disk full")
+    row = await log_row(adb, run.run_id)
+    assert (row["status"], row["failure_reason"]) == ("failure", "error")
+    assert row["error"] == "ValueError: disk full"
+    assert run.result is not None and run.result.error == "ValueError: disk full"
 
 
-def test_cancelling_the_task_cancels_the_run_and_propagates(dsn, db):
-    async def main():
+# What only one flavour of the client does.
+if ASYNC:
+    async def test_cancelling_the_task_cancels_the_run_and_propagates(dsn, adb):
         async with AsyncLedger(dsn, owner="worker-1") as ledger:
             entered = asyncio.Event()
             holder = {}
@@ -100,25 +221,11 @@ def test_cancelling_the_task_cancels_the_run_and_propagates(dsn, db):
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            return holder["run"]
-
-    run = asyncio.run(main())
-    assert log_row(db, run.run_id) == ("failure", "cancelled", "CancelledError")
+        row = await log_row(adb, holder["run"].run_id)
+        assert (row["status"], row["failure_reason"], row["error"]) == ("failure", "cancelled", "CancelledError")
 
 
-def test_a_skip_is_not_an_exception(dsn, db):
-    async def main():
-        assert (await other_start(dsn, "nightly", ttl="1 minute"))[0] == "started"
-        async with AsyncLedger(dsn, owner="worker-1") as ledger:
-            async with ledger.run("nightly", ttl=timedelta(minutes=1)) as run:
-                assert (run.started, run.outcome, run.holder) == (False, "skipped_overlap", "intruder")
-        return run
-
-    assert asyncio.run(main()).result is None
-
-
-def test_lease_loss_sets_the_event_and_awaits_an_async_callback(dsn, db):
-    async def main():
+    async def test_lease_loss_sets_the_event_and_awaits_an_async_callback(dsn, adb):
         called = asyncio.Event()
         errors = []
 
@@ -131,166 +238,358 @@ def test_lease_loss_sets_the_event_and_awaits_an_async_callback(dsn, db):
                 async with ledger.run("nightly", ttl=timedelta(seconds=30),
                                       heartbeat_interval=timedelta(milliseconds=100), on_lost=on_lost) as run:
                     assert await ledger.release("nightly", run.token)
-                    assert (await other_start(dsn, "nightly"))[0] == "started"
+                    assert (await other_start(adb, "nightly"))[0] == "started"
                     await asyncio.wait_for(run.lost.wait(), 5)
                     await asyncio.wait_for(called.wait(), 5)
                     with pytest.raises(LeaseLost):
                         await run.check()
             assert isinstance(at_exit.value.__cause__, LeaseSuperseded)
-            return run, errors
+        assert len(errors) == 1 and errors[0].run_id == run.run_id
+        assert (await log_row(adb, run.run_id))["failure_reason"] == "lease_expired"
+else:
+    async def test_keyboard_interrupt_cancels_the_run_and_propagates(aledger, adb):
+        with pytest.raises(KeyboardInterrupt):
+            async with aledger.run("nightly", ttl=timedelta(minutes=80)) as run:
+                raise KeyboardInterrupt
+        row = await log_row(adb, run.run_id)
+        assert (row["status"], row["failure_reason"], row["error"]) == ("failure", "cancelled", "KeyboardInterrupt")
 
-    run, errors = asyncio.run(main())
-    assert len(errors) == 1 and errors[0].run_id == run.run_id
-    assert log_row(db, run.run_id)[1] == "lease_expired"
+
+    def test_the_default_owner_is_hostname_pid_random_and_new_in_a_forked_child():
+        owner = default_owner()
+        assert re.fullmatch(rf".+:{os.getpid()}:[0-9a-f]{{8}}", owner)
+        assert default_owner() == owner
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.write(write, default_owner().encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        child = os.read(read, 300).decode()
+        os.close(read)
+        os.close(write)
+        assert child != owner and child.split(":")[1] == str(pid)
 
 
-def test_the_fence_rejects_a_holder_whose_lease_was_taken_before_it_noticed(dsn, reports):
-    async def main():
-        async with AsyncLedger(dsn, owner="worker-1") as ledger, await aconnect(dsn) as conn:
+@pytest.mark.parametrize("over", ["connection", "pool"])
+async def test_a_one_second_ttl_run_survives_a_five_second_body_while_the_caller_holds_a_transaction(
+        over, aledger, adb, aconnect, dsn):
+    # The caller's connection stays inside one open transaction for the whole
+    # body: the heartbeats must commit elsewhere (on the context's own
+    # connection, or the one it holds from the pool), or the lease would look
+    # expired to everyone else after one second.
+    user = await aconnect(autocommit=False)
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as apool, \
+            AsyncLedger(user if over == "connection" else apool, owner="worker-1") as user_ledger:
+        probes = []
+        async with user_ledger.run("slow", ttl=SECOND) as run:
+            assert run.started
+            async with user.transaction():
+                await user.execute("SELECT 1")
+                for _ in range(2):
+                    await asleep(2.55)
+                    probes.append(await other_start(adb, "slow", ttl="1 second"))
+                await run.fence(user, "reports")
+                await user.execute("INSERT INTO reports VALUES ('worker-1', %s)", (run.token,))
+            await run.check(remote=True)
+    assert probes == [("skipped_overlap", "worker-1")] * 2
+    assert not run.lost.is_set()
+    assert run.result is not None and run.result.status == "success"
+    assert run.result.heartbeat_at is not None
+    assert run.result.heartbeat_at - run.result.started_at > timedelta(seconds=4)
+    assert (await one(adb, "SELECT count(*) FROM reports"))[0] == 1
+
+
+async def test_the_heartbeat_finding_the_lease_gone_marks_the_run_lost_at_once(aledger, adb):
+    reports = []
+    with pytest.raises(LeaseLost) as at_exit:
+        async with aledger.run("nightly", ttl=timedelta(seconds=30), heartbeat_interval=timedelta(milliseconds=100),
+                               on_lost=reports.append) as run:
+            # Someone ends the lease and another owner takes the job over.
+            assert (await one(adb, "SELECT ledger.release(job => 'nightly', owner => %s, token => %s)",
+                              (run.owner, run.token)))[0]
+            assert (await other_start(adb, "nightly"))[0] == "started"
+            assert await await_event(run.lost, 5)
+            assert len(reports) == 1 and isinstance(reports[0], LeaseLost)
+            assert reports[0].run_id == run.run_id and reports[0].job == "nightly"
             with pytest.raises(LeaseLost):
-                async with ledger.run("nightly", ttl=timedelta(minutes=1),
-                                      heartbeat_interval=timedelta(hours=1)) as run:
-                    # Expired early on the server (the local deadline is a minute away), then taken over.
-                    reports.execute("UPDATE ledger.leases SET expires_at = clock_timestamp() - interval '1 second' "
-                                    "WHERE job = 'nightly'")
-                    assert (await other_start(dsn, "nightly"))[0] == "started"
-                    with pytest.raises(LeaseLost) as rejected:
-                        async with conn.transaction():
-                            await run.fence(conn, "reports")
-                            await conn.execute("INSERT INTO reports VALUES ('zombie', 1)")
-                    assert isinstance(rejected.value.__cause__, LeaseSuperseded)  # LD001 from the fence itself
-                    assert rejected.value.current_token == run.token + 1
-                    assert run.lost.is_set()
-                    with pytest.raises(LeaseLost):
-                        async with conn.transaction():
-                            await run.advance_fence(conn, "reports")
-
-    asyncio.run(main())
-    assert reports.execute("SELECT count(*) FROM reports").fetchone()[0] == 0
-    assert fence_row(reports, "reports") is None
-
-
-def test_a_takeover_that_wrote_between_the_fences_check_and_its_lock_marks_the_run_lost(dsn, reports):
-    # LD002, as in the sync test: the takeover's open transaction holds the fence row.
-    async def main():
-        async with AsyncLedger(dsn, owner="worker-1") as ledger, await aconnect(dsn) as zombie, \
-                await aconnect(dsn, autocommit=False) as takeover, await aconnect(dsn) as probe:
+                await run.check()
             with pytest.raises(LeaseLost):
-                async with ledger.run("nightly", ttl=timedelta(minutes=1),
-                                      heartbeat_interval=timedelta(hours=1)) as run:
+                async with adb.transaction():
+                    await run.fence(adb, "reports")
+    # Completing was refused (LD001): the normal exit says so.
+    assert isinstance(at_exit.value.__cause__, LeaseSuperseded)
+    assert len(reports) == 1
+    assert (await log_row(adb, run.run_id))["failure_reason"] == "lease_expired"
+
+
+async def test_the_fence_rejects_a_holder_whose_lease_was_taken_before_it_noticed(aledger, adb):
+    # The server expires the lease early (its local deadline is a minute away)
+    # and another owner takes over: the run itself does not know it lost the lease.
+    with pytest.raises(LeaseLost):
+        async with aledger.run("nightly", ttl=timedelta(minutes=1), heartbeat_interval=timedelta(hours=1)) as run:
+            await adb.execute(
+                "UPDATE ledger.leases SET expires_at = clock_timestamp() - interval '1 second' WHERE job = 'nightly'")
+            assert (await other_start(adb, "nightly"))[0] == "started"
+            assert not run.lost.is_set()
+            with pytest.raises(LeaseLost) as rejected:
+                async with adb.transaction():
+                    await run.fence(adb, "reports")
+                    await adb.execute("INSERT INTO reports VALUES ('zombie', %s)", (run.token,))
+            assert isinstance(rejected.value.__cause__, LeaseSuperseded)  # LD001 from the fence itself
+            assert rejected.value.current_token == run.token + 1 and rejected.value.holder == "intruder"
+            assert run.lost.is_set()
+            with pytest.raises(LeaseLost):
+                async with adb.transaction():
+                    await run.advance_fence(adb, "reports")
+    assert (await one(adb, "SELECT count(*) FROM reports"))[0] == 0
+    assert await fence_row(adb, "reports") is None
+
+
+async def test_a_takeover_that_wrote_between_the_fences_check_and_its_lock_marks_the_run_lost(
+        aledger, adb, aconnect):
+    # LD002: the token was still current when the fence checked it, but the
+    # takeover (open transaction, fence row locked) wrote first and committed.
+    with pytest.raises(LeaseLost):
+        async with aledger.run("nightly", ttl=timedelta(minutes=1), heartbeat_interval=timedelta(hours=1)) as run:
+            async with adb.transaction():
+                await run.fence(adb, "reports")
+            takeover = await aconnect(autocommit=False)
+            assert (await one(takeover, "SELECT ledger.release(job => 'nightly', owner => 'worker-1', token => %s)",
+                              (run.token,)))[0]
+            steal = "SELECT token FROM ledger.start_run(job => 'nightly', owner => 'thief', ttl => '1 minute')"
+            new = (await one(takeover, steal))[0]
+            await takeover.execute("SELECT ledger.fence(job => 'nightly', resource => 'reports', token => %s)",
+                                   (new,))
+            zombie = await aconnect()
+            outcome: list[BaseException] = []
+
+            async def write() -> None:
+                try:
                     async with zombie.transaction():
                         await run.fence(zombie, "reports")
-                    await takeover.execute("SELECT ledger.release(job => 'nightly', owner => 'worker-1', "
-                                           "token => %s)", (run.token,))
-                    cur = await takeover.execute("SELECT token FROM ledger.start_run(job => 'nightly', "
-                                                 "owner => 'thief', ttl => '1 minute')")
-                    new = (await cur.fetchone())[0]
-                    await takeover.execute("SELECT ledger.fence(job => 'nightly', resource => 'reports', "
-                                           "token => %s)", (new,))
+                        await zombie.execute("INSERT INTO reports VALUES ('zombie', %s)", (run.token,))
+                except BaseException as error:
+                    outcome.append(error)
 
-                    async def write():
-                        async with zombie.transaction():
-                            await run.fence(zombie, "reports")
-                            await zombie.execute("INSERT INTO reports VALUES ('zombie', %s)", (run.token,))
-
-                    writer = asyncio.create_task(write())
-                    deadline = time.monotonic() + 30
-                    while True:
-                        cur = await probe.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                                                  (zombie.info.backend_pid,))
-                        if (await cur.fetchone())[0] == "Lock":
-                            break
-                        assert not writer.done() and time.monotonic() < deadline, "the fence never waited"
-                        await asyncio.sleep(0.01)
-                    await takeover.commit()
-                    with pytest.raises(LeaseLost) as rejected:
-                        await asyncio.wait_for(writer, 30)
-                    assert isinstance(rejected.value.__cause__, StaleToken)
-                    assert rejected.value.__cause__.highest_token == new
-                    assert run.lost.is_set()
-            return new
-
-    new = asyncio.run(main())
-    assert reports.execute("SELECT count(*) FROM reports").fetchone()[0] == 0
-    assert fence_row(reports, "reports") == ("nightly", new)
+            writer = start(write)
+            await wait_until_blocked(adb, zombie.info.backend_pid, writer)
+            await takeover.commit()
+            await finish(writer, 30)
+            [error] = outcome
+            assert isinstance(error, LeaseLost) and isinstance(error.__cause__, StaleToken)
+            assert error.__cause__.highest_token == new and error.__cause__.token == run.token
+            assert run.lost.is_set()
+            with pytest.raises(LeaseLost):
+                await run.fence(adb, "reports")
+    assert (await one(adb, "SELECT count(*) FROM reports"))[0] == 0
+    assert await fence_row(adb, "reports") == ("nightly", new)
 
 
-def test_a_resource_of_another_job_is_fence_of_another_job_not_a_lost_lease(dsn, reports):
-    async def main():
-        async with AsyncLedger(dsn, owner="worker-1") as ledger, await aconnect(dsn) as conn:
-            indexer = await ledger.acquire("indexer", timedelta(minutes=1), owner="indexer-host")
-            assert indexer is not None
-            assert await fence(conn, "indexer", "reports", indexer.token) == indexer.token
-            async with ledger.run("nightly", ttl=timedelta(minutes=1)) as run:
-                with pytest.raises(FenceOfAnotherJob) as theirs:
-                    async with conn.transaction():
-                        await run.fence(conn, "reports")
-                        await conn.execute("INSERT INTO reports VALUES ('nightly', %s)", (run.token,))
-                assert theirs.value.facts == {"resource": "reports", "job": "nightly", "bound_job": "indexer",
-                                              "token": run.token}
-                assert not run.lost.is_set()
-                with pytest.raises(FenceOfAnotherJob):
-                    async with conn.transaction():
-                        await run.advance_fence(conn, "reports")
-                async with conn.transaction():
-                    assert await run.advance_fence(conn, "other") is True
-                    assert await run.advance_fence(conn, "other") is False
-                # The module-level helpers: the job is an argument, the ledger's errors come as they are.
-                with pytest.raises(FenceOfAnotherJob):
-                    await advance_fence(conn, "nightly", "reports", run.token)
-                assert not run.lost.is_set()
-            with pytest.raises(LeaseSuperseded):  # the run ended: its token fences nothing any more
-                await fence(conn, "nightly", "other", run.token)
-            return indexer, run
-
-    indexer, run = asyncio.run(main())
+async def test_a_resource_of_another_job_is_fence_of_another_job_not_a_lost_lease(aledger, adb):
+    indexer = await aledger.acquire("indexer", timedelta(minutes=1), owner="indexer-host")
+    assert indexer is not None
+    assert await fence(adb, "indexer", "reports", indexer.token) == indexer.token  # "reports" is the indexer's now
+    async with aledger.run("nightly", ttl=timedelta(minutes=1)) as run:
+        assert run.token == 1 and indexer.token == 1  # tokens of two jobs: numbers that mean nothing to each other
+        with pytest.raises(FenceOfAnotherJob) as theirs:
+            async with adb.transaction():
+                await run.fence(adb, "reports")
+                await adb.execute("INSERT INTO reports VALUES ('nightly', %s)", (run.token,))
+        assert theirs.value.sqlstate == "LD006" and isinstance(theirs.value.__cause__, psycopg.Error)
+        assert theirs.value.facts == {"resource": "reports", "job": "nightly", "bound_job": "indexer",
+                                      "token": run.token}
+        assert theirs.value.bound_job == "indexer"
+        assert not run.lost.is_set()  # a programming error, not a lost lease
+        with pytest.raises(FenceOfAnotherJob):
+            async with adb.transaction():
+                await run.advance_fence(adb, "reports")
+        async with adb.transaction():
+            assert await run.advance_fence(adb, "other") is True
+            assert await run.advance_fence(adb, "other") is False
+        # The module-level helpers: the job is an argument, the ledger's errors come as they are.
+        with pytest.raises(FenceOfAnotherJob):
+            await advance_fence(adb, "nightly", "reports", run.token)
+        assert not run.lost.is_set()
+    with pytest.raises(LeaseSuperseded):  # the run ended: its token fences nothing any more
+        await fence(adb, "nightly", "other", run.token)
     assert run.result is not None and run.result.status == "success"
-    assert reports.execute("SELECT count(*) FROM reports").fetchone()[0] == 0
-    assert fence_row(reports, "reports") == ("indexer", indexer.token)
-    assert fence_row(reports, "other") == ("nightly", run.token)
+    assert (await one(adb, "SELECT count(*) FROM reports"))[0] == 0
+    assert await fence_row(adb, "reports") == ("indexer", indexer.token)
+    assert await fence_row(adb, "other") == ("nightly", run.token)
 
 
-def test_a_plain_lease_is_renewed_and_released(dsn, db):
-    async def main():
-        async with await aconnect(dsn) as conn:
-            ledger = AsyncLedger(conn, owner="worker-1")
-            async with ledger.lease("singleton", ttl=SECOND) as lease:
-                assert lease.acquired
-                await asyncio.sleep(1.5)
-                assert await ledger.acquire("singleton", SECOND, owner="other") is None
-                async with conn.transaction():
-                    assert await lease.fence(conn, "inventory") == lease.token
-            assert lease.released is True
-            assert fence_row(db, "inventory") == ("singleton", lease.token)  # the lease's own job
-            async with AsyncLedger(conn, owner="other").lease("singleton", ttl=SECOND) as taken:
-                assert taken.acquired and taken.token == lease.token + 1
-            with pytest.raises(RunNotFound):
-                await ledger.complete_run(424242, 1)
+async def test_the_module_level_fences_take_the_job_and_raise_the_ledger_errors_as_they_come(aledger, adb):
+    lease = await aledger.acquire("indexer", timedelta(minutes=1))
+    assert lease is not None
+    async with adb.transaction():
+        assert await fence(adb, "indexer", "index", lease.token) == lease.token
+        assert await fence(adb, "indexer", "index", lease.token) == lease.token  # lenient: again with one token
+        assert await advance_fence(adb, "indexer", "once", lease.token) is True
+        assert await advance_fence(adb, "indexer", "once", lease.token) is False  # strict: one write per token
+    assert await fence_row(adb, "index") == ("indexer", lease.token)
+    other = await aledger.acquire("nightly", timedelta(minutes=1))
+    assert other is not None
+    with pytest.raises(FenceOfAnotherJob) as theirs:
+        await fence(adb, "nightly", "index", other.token)
+    assert (theirs.value.job, theirs.value.bound_job, theirs.value.resource) == ("nightly", "indexer", "index")
+    # Without a context nothing is marked: the zombie gets the ledger's LD001 itself.
+    assert await aledger.release("indexer", lease.token)
+    for call in (fence, advance_fence):
+        with pytest.raises(LeaseSuperseded) as zombie:
+            await call(adb, "indexer", "index", lease.token)
+        assert (zombie.value.job, zombie.value.token, zombie.value.released) == ("indexer", lease.token, True)
+    assert await fence_row(adb, "index") == ("indexer", lease.token)
 
-    asyncio.run(main())
+
+async def test_a_plain_lease_is_renewed_past_its_ttl_and_released_on_exit(aledger, adb):
+    async with aledger.lease("singleton", ttl=SECOND) as lease:
+        assert lease.acquired and lease.token == 1
+        await asleep(1.5)
+        assert await aledger.acquire("singleton", SECOND, owner="other") is None
+        async with adb.transaction():
+            assert await lease.fence(adb, "reports") == 1
+    assert lease.released is True and not lease.lost.is_set()
+    assert await fence_row(adb, "reports") == ("singleton", 1)  # the lease's own job
+    async with AsyncLedger(adb, owner="other").lease("singleton", ttl=SECOND) as taken:
+        assert taken.acquired and taken.token == lease.token + 1
+    again = await aledger.acquire("singleton", SECOND, owner="other")
+    assert again is not None and again.token > lease.token
 
 
-def test_no_task_thread_or_connection_leaks_after_1000_runs(dsn, db):
-    def backends():
-        return db.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                          "AND pid <> pg_backend_pid()").fetchone()[0]
+async def test_a_lease_held_by_another_owner_is_not_acquired(aledger):
+    assert await aledger.acquire("singleton", timedelta(minutes=1), owner="other") is not None
+    async with aledger.lease("singleton", ttl=SECOND) as lease:
+        assert not lease.acquired
+        with pytest.raises(RuntimeError, match="not acquired"):
+            await lease.check()
+    assert lease.released is None
 
-    async def main():
-        async with AsyncConnectionPool(dsn, min_size=2, max_size=2, open=False,
-                                       kwargs={"autocommit": True}) as pool:
-            await pool.wait()
-            threads, tasks, before = threading.active_count(), len(asyncio.all_tasks()), backends()
-            ledger = AsyncLedger(pool, owner="pooled")
-            for i in range(1000):
-                async with ledger.run("busy", ttl=timedelta(seconds=30),
-                                      heartbeat_interval=timedelta(milliseconds=1)) as run:
-                    if i % 100 == 0:
-                        await asyncio.sleep(0.01)
-            assert run.token == 1000 and run.result is not None and run.result.status == "success"
-            assert (threading.active_count(), len(asyncio.all_tasks()), backends()) == (threads, tasks, before)
 
-    asyncio.run(main())
-    deadline = time.monotonic() + 3
-    while backends() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert backends() == 0
+async def test_a_plain_lease_that_was_taken_over_raises_lease_lost_on_normal_exit(aledger, adb):
+    with pytest.raises(LeaseLost):
+        async with aledger.lease("singleton", ttl=SECOND, renew_interval=timedelta(hours=1)) as lease:
+            await asleep(1.2)
+            assert await aledger.acquire("singleton", SECOND, owner="other") is not None
+    assert lease.released is False and lease.lost.is_set()
+
+
+async def test_ledger_errors_carry_the_sqlstate_class_and_detail_facts(aledger):
+    with pytest.raises(RunNotFound) as missing:
+        await aledger.complete_run(424242, 1)
+    assert missing.value.run_id == 424242
+    assert isinstance(missing.value.__cause__, psycopg.Error)
+    assert translate(missing.value.__cause__) is not None
+    with pytest.raises(InvalidArgument):
+        await aledger.acquire("", SECOND)
+    lease = await aledger.acquire("j", SECOND)
+    assert lease is not None
+    with pytest.raises(LeaseSuperseded) as superseded:
+        await aledger.assert_current("j", lease.token + 1)
+    assert superseded.value.current_token == lease.token
+
+
+async def test_the_plain_sql_api_round_trips_typed_rows(aledger):
+    start = await aledger.start_run("api", ttl=timedelta(minutes=1), idempotency_key="k1")
+    assert start.started and start.run_id is not None and start.token is not None
+    assert await aledger.heartbeat(start.run_id, start.token) is not None
+    assert await aledger.is_current("api", start.token)
+    done = await aledger.complete_run(start.run_id, start.token, {"n": 1})
+    assert (done.status, done.idempotency_key, done.detail) == ("success", "k1", {"n": 1})
+    assert (await aledger.start_run("api", ttl=timedelta(minutes=1), idempotency_key="k1")).outcome == "already_done"
+    assert await aledger.get_run(start.run_id) == done
+    again = await aledger.start_run("api", ttl=timedelta(minutes=1))
+    assert again.run_id is not None and again.token is not None
+    cancelled = await aledger.cancel_run(again.run_id, again.token, "shutdown")
+    assert (cancelled.failure_reason, cancelled.error) == ("cancelled", "shutdown")
+    assert await aledger.reap_expired() == 0
+
+
+async def test_heartbeats_use_their_own_connection_from_heartbeat_conninfo(adb, dsn):
+    conninfo = dsn + " application_name=ledger-heartbeat"
+    async with AsyncLedger(adb, owner="worker-1", heartbeat_conninfo=conninfo) as ledger, \
+            ledger.run("nightly", ttl=timedelta(minutes=1)) as run:
+        cur = await adb.execute("SELECT application_name FROM pg_stat_activity WHERE datname = current_database()")
+        assert ("ledger-heartbeat",) in await cur.fetchall()
+    assert run.result is not None and run.result.status == "success"
+
+
+async def test_a_ledger_over_a_pool_or_a_dsn_runs_the_same(dsn, adb):
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False, kwargs={"autocommit": True}) as apool:
+        async with AsyncLedger(apool, owner="pooled").run("nightly", ttl=timedelta(minutes=1)) as run:
+            assert run.started
+        assert run.result is not None and run.result.status == "success"
+        assert not apool.closed
+    async with AsyncLedger(dsn, owner="owned") as ledger:
+        async with ledger.run("nightly", ttl=timedelta(minutes=1)) as run:
+            assert run.started and run.token == 2
+    assert await settle(adb, 0) == 0  # the pool the ledger opened is closed
+
+
+async def test_no_task_thread_or_connection_leaks_after_1000_runs(dsn, adb):
+    fast = timedelta(milliseconds=1)  # heartbeats do happen during the short bodies
+    async with AsyncConnectionPool(dsn, min_size=2, max_size=2, open=False, kwargs={"autocommit": True}) as apool:
+        await apool.wait()
+        before_workers = workers()  # the pool's own workers included
+        before = await settle(adb, 2)
+        ledger = AsyncLedger(apool, owner="pooled")
+        for i in range(1000):
+            async with ledger.run("busy", ttl=timedelta(seconds=30), heartbeat_interval=fast) as run:
+                if i % 100 == 0:
+                    await asleep(0.01)
+        assert run.token == 1000 and run.result is not None and run.result.status == "success"
+        assert await settle_workers(before_workers) == before_workers
+        assert await settle(adb, before) == before
+    assert await settle(adb, 0) == 0  # the pool's connections are closed
+    # Over a plain connection a run's own connection is kept for the next run
+    # (one after another here: one spare), until the ledger closes.
+    before_workers = workers()
+    async with AsyncLedger(adb, owner="direct") as ledger:
+        for _ in range(100):
+            async with ledger.run("busy", ttl=timedelta(seconds=30), heartbeat_interval=fast):
+                pass
+        assert await settle_workers(before_workers) == before_workers
+        assert await settle(adb, 1) == 1
+    assert await settle(adb, 0) == 0
+    assert (await one(adb, "SELECT count(*) FROM ledger.job_execution_log WHERE status = 'success'"))[0] == 1100
+
+
+async def test_the_heartbeat_conninfo_keeps_the_password_that_info_dsn_drops(dsn):
+    from ledger.aio import conninfo_of
+
+    # Trust auth ignores the password; libpq keeps it.
+    async with await psycopg.AsyncConnection.connect(dsn + " password=s3cret") as aconn:
+        assert "s3cret" not in aconn.info.dsn
+        assert psycopg.conninfo.conninfo_to_dict(conninfo_of(aconn))["password"] == "s3cret"
+
+
+async def test_a_ledger_refuses_what_it_cannot_drive(adb):
+    # Either flavour's refusal names both clients.
+    with pytest.raises(TypeError, match=r"ledger\.Ledger takes sync ones, ledger\.AsyncLedger async ones"):
+        AsyncLedger(object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="heartbeat_conninfo"):
+        AsyncLedger("dbname=x", heartbeat_conninfo="dbname=y")
+
+
+async def test_the_client_needs_nothing_but_the_ledger_client_role(adb, dsn):
+    role = f"ledger_app_{os.getpid()}"
+    await adb.execute(f"CREATE ROLE {role} LOGIN IN ROLE ledger_client")
+    try:
+        await adb.execute("CREATE TABLE reports (writer text, token bigint)")
+        await adb.execute(f"GRANT INSERT ON reports TO {role}")
+        async with await psycopg.AsyncConnection.connect(dsn + f" user={role}", autocommit=True) as aconn:
+            async with AsyncLedger(aconn, owner="app") as ledger:
+                async with ledger.run("nightly", ttl=SECOND, heartbeat_interval=timedelta(milliseconds=100)) as run:
+                    await asleep(0.3)
+                    async with aconn.transaction():
+                        await run.fence(aconn, "reports")
+                        await aconn.execute("INSERT INTO reports VALUES ('app', %s)", (run.token,))
+                    await run.check(remote=True)
+                assert run.result is not None and run.result.status == "success"
+                assert await ledger.get_run(run.result.run_id) == run.result
+                async with ledger.lease("singleton", ttl=SECOND) as lease:
+                    assert lease.acquired
+    finally:
+        await settle(adb, 0)
+        await adb.execute(f"DROP OWNED BY {role}")
+        await adb.execute(f"DROP ROLE {role}")

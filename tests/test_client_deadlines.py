@@ -32,7 +32,8 @@ from ledger import AsyncLedger, LeaseLost, LeaseSuperseded, Ledger
 from ledger.aio import fence as afence
 from ledger.client import fence
 from ledger.errors import LedgerUnavailable
-from ledger.heartbeat import Deadline, Heartbeat, LeaseState, Renewal
+from ledger.client import Heartbeat
+from ledger.heartbeat import Deadline, LeaseState, Renewal
 
 TTL = timedelta(seconds=2)
 PATIENCE = 30.0  # seconds any poll may wait: generous, never asserted as a bound
@@ -272,7 +273,7 @@ def test_a_slow_answer_does_not_stretch_the_local_deadline(dsn, reports, proxy, 
         ledger = Ledger(conn, owner="holder")
         every = timedelta(seconds=2.5)
         context = (ledger.run("slow", ttl=timedelta(seconds=30), heartbeat_interval=every) if kind == "run"
-                   else ledger.lease("slow", ttl=timedelta(seconds=30), renew_interval=every))
+                   else ledger.lease("slow", ttl=timedelta(seconds=30), heartbeat_interval=every))
         with context as held:
             checks = 0
             for _ in range(2):  # the start, then renewals

@@ -5,6 +5,7 @@ another client's open transaction holds."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ledger.metrics import exposition
 from sqlhelp import one, rows, state, value
 
-VIEWS = ["job_status", "alerts", "run_stats", "ttl_advice", "overlaps", "job_counters"]
+VIEWS = ["job_status", "alerts", "run_stats", "ttl_advice", "overlaps", "job_counters", "job_health", "duplicates"]
 
 
 def start(db, job, owner="host-1", **kwargs):
@@ -112,7 +113,10 @@ def test_a_ledger_holding_a_job_at_every_bound_still_answers_every_view_and_metr
     running = start(db, "slowest")
     assert running["outcome"] == "started"
     assert one(db, "SELECT * FROM ledger.start_due_run('fastest', 'host-1')")["outcome"] == "started"
-    db.execute("SELECT ledger.purge_log('100 years')")
+    db.execute("SELECT ledger.purge_log('36500 days')")
+    db.execute("SELECT ledger.register_job('fastest', late_after => '365 days', down_after => '365 days', "
+               "min_runtime => '365 days', max_runtime => '365 days', pause_after_failures => 1000)")
+    db.execute("SELECT ledger.register_job('cron', late_after => '1 microsecond', down_after => '1 microsecond')")
     for view in VIEWS:
         rows(db, f"SELECT * FROM ledger.{view}")  # raises on any out-of-range value
     statuses = {r["job"]: r for r in rows(db, "SELECT job, next_slot FROM ledger.job_status")}
@@ -134,6 +138,148 @@ def test_catch_up_at_the_bound_stays_bounded(db):
     db.execute("SELECT pg_sleep(0.05)")
     due = rows(db, "SELECT s FROM ledger.due_slots('fast', at => now() + interval '1 day') s")
     assert len(due) == 1000
+
+
+# -- a time zone is a zone, the same on every host and in every session ------
+
+def refused(db, sql, params=None, sqlstate="22023"):
+    """The call raises `sqlstate` and changes nothing; its error."""
+    before = state(db)
+    with pytest.raises(psycopg.Error) as caught:
+        db.execute(sql, params)
+    assert caught.value.sqlstate == sqlstate, caught.value
+    assert state(db) == before
+    return caught.value
+
+
+@pytest.mark.parametrize("zone", [
+    "Mars/Olympus2", "Etc/GMT-15", "Etc/GMT+13", "Asia/Riyadh87", "Europe/Paris3",  # POSIX TZ strings with a slash
+    "localtime", "posixrules", "LocalTime", "posix/posixrules",  # the server host's own zone
+    "CET", "cet", "EET", "MET", "WET", "EST", "MST", "HST",  # zone files that AT TIME ZONE reads as abbreviations
+    "PST", "UTC+3", "abc3",
+])
+def test_register_job_refuses_a_time_zone_that_is_no_zone_name(db, zone):
+    for schedule in (None, "0 2 * * *"):
+        error = refused(db, "SELECT ledger.register_job('tz', %s, time_zone => %s)", (schedule, zone))
+        assert "time_zone" in error.diag.message_primary
+        assert json.loads(error.diag.message_detail) == {"argument": "time_zone", "value": zone}
+
+
+@pytest.mark.parametrize("zone", ["UTC", "utc", "GMT", "Zulu", "Etc/UTC", "Etc/GMT-14", "Etc/GMT+12", "Etc/GMT0",
+                                  "GMT+0", "EST5EDT", "Europe/Berlin", "america/new_york", "Asia/Calcutta",
+                                  "America/Argentina/ComodRivadavia", "America/North_Dakota/New_Salem"])
+def test_register_job_accepts_zone_names(db, zone):
+    assert one(db, "SELECT * FROM ledger.register_job('tz', '0 2 * * *', time_zone => %s)", (zone,))["time_zone"] == zone
+
+
+def test_an_abbreviation_would_have_made_the_schedule_follow_the_sessions_abbreviations(db):
+    """Why 'EST' is refused: AT TIME ZONE reads it by timezone_abbreviations,
+    which any session sets (in the Australia set EST is UTC+10)."""
+    at = "SELECT (timestamptz '2026-01-01 12:00+00' AT TIME ZONE 'EST')::text"
+    assert value(db, at) == "2026-01-01 07:00:00"
+    db.execute("SET timezone_abbreviations = 'Australia'")
+    assert value(db, at) == "2026-01-01 22:00:00"
+    refused(db, "SELECT ledger.register_job('tz', '0 2 * * *', time_zone => 'EST')")
+
+
+# -- a duration is an exact length of time -------------------------------------
+
+@pytest.mark.parametrize("call", [
+    "ledger.acquire('j', 'o', '1 month')",
+    "ledger.acquire('j', 'o', '1 mon -2 days')",
+    "ledger.start_run('j', 'o', '1 month')",
+    "ledger.start_due_run('every', 'o', '1 month')",
+    "ledger.renew('every', 'host-1', 1, '1 month')",
+    "ledger.heartbeat(1, 1, '1 month')",
+    "ledger.register_job('j', ttl => '1 month')",
+    "ledger.register_job('j', ttl => '0.9 years')",
+    "ledger.register_job('j', ttl => 'P1M')",
+])
+def test_a_ttl_with_a_month_part_is_refused(db, call):
+    """'1 month' compared as 30 days passed the 30-day bound, and lasted 31 days of calendar."""
+    db.execute("SELECT ledger.register_job('every', '15 minutes', '10 minutes')")
+    db.execute("SELECT ledger.acquire('every', 'host-1')")
+    error = refused(db, f"SELECT * FROM {call}")
+    assert "ttl" in error.diag.message_primary and "month" in error.diag.message_primary
+    assert json.loads(error.diag.message_detail)["argument"] == "ttl"
+
+
+@pytest.mark.parametrize("older_than", ["1 month", "1 year", "100 years", "1 year -1 day"])
+def test_older_than_with_a_month_part_is_refused(db, older_than):
+    complete(db, start(db, "etl", ttl="1 hour"))
+    error = refused(db, "SELECT ledger.purge_log(%s)", (older_than,))
+    assert "older_than" in error.diag.message_primary
+    assert value(db, "SELECT ledger.purge_log('36500 days')") == 0
+    refused(db, "SELECT ledger.purge_log('36500 days 1 microsecond')")
+
+
+def test_a_ttl_day_is_24_hours_whatever_the_sessions_time_zone(db):
+    """Days are kept as hours, so every expiry is exact: '1 day' added to an
+    instant in a session whose TimeZone changes offset that day is 23 or 25
+    hours."""
+    db.execute("SET TimeZone = 'America/New_York'")
+    dst_day = "timestamptz '2026-03-08 00:00 America/New_York'"
+    assert value(db, f"SELECT ({dst_day} + interval '1 day') - {dst_day}") == timedelta(hours=23)
+    assert value(db, f"SELECT ({dst_day} + ledger._exact('1 day')) - {dst_day}") == timedelta(hours=24)
+    job = one(db, "SELECT * FROM ledger.register_job('daily', ttl => '1 day 2 hours')")
+    assert job["ttl"] == timedelta(hours=26)
+    assert value(db, "SELECT ttl::text FROM ledger.jobs WHERE job = 'daily'") == "26:00:00"
+    started = start(db, "daily")
+    lease = "SELECT ttl::text, extract(epoch FROM expires_at - acquired_at) FROM ledger.leases WHERE job = 'daily'"
+    assert db.execute(lease).fetchone() == ("26:00:00", 93600)
+    db.execute("SELECT ledger.heartbeat(%s, %s, '30 days')", (started["run_id"], started["token"]))
+    ttl, _ = db.execute(lease).fetchone()
+    assert ttl == "720:00:00"
+    assert value(db, "SELECT ledger.renew('daily', 'host-1', %s, '2 days')", (started["token"],)) is not None
+    assert db.execute(lease).fetchone()[0] == "48:00:00"
+
+
+# -- the detail a run ends with is bounded as merged ---------------------------
+
+def test_a_merged_detail_over_the_bound_is_refused_and_changes_nothing(db):
+    """Each part within 64 kB, the merge over it: refused, like a detail over it."""
+    started = start(db, "etl", ttl="1 hour", detail=json.dumps({"a": "x" * 40_000}))
+    for end in ("complete_run(%s, %s, %s)", "fail_run(%s, %s, 'boom', %s)"):
+        error = refused(db, f"SELECT ledger.{end}",
+                        (started["run_id"], started["token"], json.dumps({"b": "y" * 40_000})))
+        assert "detail" in error.diag.message_primary
+        facts = json.loads(error.diag.message_detail)
+        assert facts["argument"] == "detail" and facts["bytes"] > facts["max"] == 65_536
+    assert value(db, "SELECT status FROM ledger.job_execution_log WHERE run_id = %s", (started["run_id"],)) == "running"
+    # A key given again replaces the started one: the merge stays within the bound.
+    ended = one(db, "SELECT * FROM ledger.complete_run(%s, %s, %s)",
+                (started["run_id"], started["token"], json.dumps({"a": "z" * 60_000})))
+    assert ended["status"] == "success" and ended["detail"] == {"a": "z" * 60_000}
+
+
+# -- a slot recorded ahead cannot silence a schedule given later ---------------
+
+@pytest.mark.parametrize("ahead", ["2150-01-01 00:00+00", "in an hour"])
+def test_register_job_refuses_a_schedule_for_a_job_with_a_slot_done_in_the_future(db, ahead):
+    """An unscheduled job takes any slot; given a schedule after a far slot
+    succeeded, it would have nothing due until that slot, without an alert."""
+    slot = value(db, "SELECT date_trunc('hour', now()) + interval '2 hours'") if ahead == "in an hour" else ahead
+    complete(db, start(db, "adhoc", ttl="1 hour", slot=slot))
+    error = refused(db, "SELECT ledger.register_job('adhoc', '0 * * * *', '10 minutes')")
+    assert "schedule" in error.diag.message_primary
+    facts = json.loads(error.diag.message_detail)
+    assert facts["argument"] == "schedule" and facts["job"] == "adhoc"
+    assert datetime.fromisoformat(facts["slot"]) == (slot if isinstance(slot, datetime) else
+                                                     datetime(2150, 1, 1, tzinfo=timezone.utc))
+    # Without a schedule it still registers, and the job stays what it was.
+    assert one(db, "SELECT * FROM ledger.register_job('adhoc', ttl => '10 minutes')")["schedule"] is None
+    # A running run on a future slot counts too; a failed one does not.
+    running = start(db, "other", ttl="1 hour", slot="2150-01-01 00:00+00")
+    refused(db, "SELECT ledger.register_job('other', '1 hour')")
+    db.execute("SELECT ledger.fail_run(%s, %s, 'boom')", (running["run_id"], running["token"]))
+    assert one(db, "SELECT * FROM ledger.register_job('other', '1 hour')")["schedule"] == "1 hour"
+    assert len(rows(db, "SELECT * FROM ledger.due_slots('other')")) == 1
+
+
+def test_a_slot_done_in_the_past_leaves_register_job_free_to_schedule(db):
+    complete(db, start(db, "adhoc", ttl="1 hour", slot="2026-01-01 00:17+00"))
+    db.execute("SELECT ledger.register_job('adhoc', '0 * * * *', '10 minutes')")
+    assert len(rows(db, "SELECT * FROM ledger.due_slots('adhoc')")) == 1
 
 
 # -- bounded sizes ----------------------------------------------------------

@@ -102,6 +102,8 @@ def test_the_exposition_parses_and_carries_the_ledgers_numbers(dsn, ledger):
     assert _at(samples, "jobledger_job_overdue", job="tick") == 0
     assert _at(samples, "jobledger_alerts", alert="overdue") == 1
     assert _at(samples, "jobledger_alerts", alert="overlap") == 0
+    assert _at(samples, "jobledger_alerts", alert="too_fast") == 0
+    assert _at(samples, "jobledger_duplicates") == 0 and families["jobledger_duplicates"] == "gauge"
     assert _at(samples, "jobledger_consecutive_failures", job="etl") == 1
     assert _at(samples, "jobledger_run_failure_ratio", job="etl") == pytest.approx(1 / 3, abs=1e-4)
     etl = ledger["etl_durations"]  # two successes: p50 is their mean, p95 near the longer
@@ -185,7 +187,7 @@ def test_serve_answers_a_scrape_on_localhost_and_stops_cleanly_on_sigterm(dsn, l
         assert _at(again, "jobledger_runs_total", job="etl", status="success") == 3
 
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=60) == 0
         assert proc.stderr is not None and "metrics server stopped" in proc.stderr.read()
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()

@@ -104,9 +104,12 @@ def test_every_public_function_is_security_definer_with_a_fixed_search_path(db):
     assert bad == []
 
 
-INLINED = ["_is_visible_text", "_lock_wait", "_max_backfill", "_max_detail_bytes", "_max_error_length",
-           "_max_every", "_max_instant", "_max_older_than", "_max_schedule_length", "_max_ttl", "_min_every",
-           "_min_instant", "_popcount"]
+INLINED = ["_advice_min_runs", "_advice_min_ttl", "_down_after_slots",
+           "_is_visible_text", "_lock_wait", "_max_backfill", "_max_detail_bytes", "_max_error_length",
+           "_max_every", "_max_health_bound", "_max_instant", "_max_older_than", "_max_pause_after_failures",
+           "_max_preview_slots", "_max_schedule_length",
+           "_max_ttl", "_min_every",
+           "_min_instant", "_missed_horizon", "_popcount"]
 
 
 def test_only_the_pure_inlined_bounds_go_without_a_fixed_search_path(db):

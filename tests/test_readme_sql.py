@@ -1,23 +1,30 @@
-"""The README's SQL examples run, as written, through psql."""
+"""The SQL tour's examples (docs/sql.md) run, as written, through psql.
+
+The page marks them ``<!-- executed by tests/test_readme_sql.py -->`` (the rule
+is in tests/test_docs_examples.py). The file keeps its name from when the tour
+was in the README: tests/matrix.py runs it on every PostgreSQL version.
+"""
 
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
+from test_docs_examples import page_blocks
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = "docs/sql.md"
+RUN = "A run, step by step"
+SCHEDULES = "Schedules and bounded catch-up"
 
 
 def sql_blocks(heading: str) -> list[str]:
-    text = README.read_text()
-    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```sql\n(.*?)```", section, re.S)
+    """The page's sql blocks under ``## heading`` that this file is marked to run."""
+    return [block.body for block in page_blocks(PAGE)
+            if block.lang == "sql" and block.section == heading and block.executed_by == "tests/test_readme_sql.py"]
 
 
-@pytest.mark.parametrize("heading", ["From psql (or any SQL client)", "Schedules and bounded catch-up"])
-def test_readme_sql_examples_run_through_psql(dsn, db, heading):
+@pytest.mark.parametrize("heading", [RUN, SCHEDULES])
+def test_the_sql_examples_run_through_psql(dsn, db, heading):
     if shutil.which("psql") is None:
         pytest.skip("psql is not installed")
     blocks = sql_blocks(heading)
@@ -27,7 +34,7 @@ def test_readme_sql_examples_run_through_psql(dsn, db, heading):
         result = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-X", "-q", "-d", dsn, "-f", "-"],
                                 input=block, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
-    if heading.startswith("From psql"):
+    if heading == RUN:
         assert db.execute("SELECT status FROM ledger.job_execution_log WHERE run_id = 1").fetchone()[0] == "success"
         assert db.execute("SELECT job, token FROM ledger.fences WHERE resource = 'reports'").fetchone() == \
             ("nightly", 1)
@@ -46,28 +53,28 @@ def fenced_transactions(heading: str) -> list[str]:
     return found
 
 
-def test_every_readme_sql_fence_is_job_aware_and_inside_the_transaction_of_its_write():
-    text = "\n".join(sql_blocks("From psql (or any SQL client)") + sql_blocks("Schedules and bounded catch-up"))
+def test_every_sql_fence_of_the_page_is_job_aware_and_inside_the_transaction_of_its_write():
+    text = "\n".join(sql_blocks(RUN) + sql_blocks(SCHEDULES))
     calls = re.findall(r"ledger\.(?:advance_)?fence\((.*?)\)", text)
-    assert calls, "the README shows no fence"
+    assert calls, "the page shows no fence"
     for arguments in calls:
         assert re.match(r"job => '[^']+', resource => '[^']+', token => ", arguments), arguments
-    transactions = fenced_transactions("From psql (or any SQL client)")
+    transactions = fenced_transactions(RUN)
     assert len(transactions) == len(calls)  # no fence outside a BEGIN ... COMMIT
     for transaction in transactions:
         statements = [line for line in transaction.splitlines() if line and not line.startswith("--")]
         assert "fence(" in statements[1] and "INSERT" in statements[2], transaction  # fence first, then the write
 
 
-def test_the_readme_fenced_write_replayed_by_a_zombie_writes_nothing(dsn, db):
-    """The README's transaction again, after the run ended: the fence refuses the token (LD001)."""
+def test_the_fenced_write_of_the_page_replayed_by_a_zombie_writes_nothing(dsn, db):
+    """The page's transaction again, after the run ended: the fence refuses the token (LD001)."""
     if shutil.which("psql") is None:
         pytest.skip("psql is not installed")
     db.execute("CREATE TABLE reports (day date, total integer)")
-    for block in sql_blocks("From psql (or any SQL client)"):
+    for block in sql_blocks(RUN):
         subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-X", "-q", "-d", dsn, "-f", "-"],
                        input=block, capture_output=True, text=True, timeout=60, check=True)
-    [transaction] = fenced_transactions("From psql (or any SQL client)")
+    [transaction] = fenced_transactions(RUN)
     # Without ON_ERROR_STOP too: the failed fence aborts the transaction, COMMIT rolls it back.
     for stop in ("1", "0"):
         result = subprocess.run(["psql", "-v", f"ON_ERROR_STOP={stop}", "-X", "-q", "-d", dsn, "-f", "-"],

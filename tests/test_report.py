@@ -473,8 +473,8 @@ def _latest_run_per_job(columns, result, facts):
 
 
 def _ledger_views(columns, result, facts):
-    assert [r[0] for r in result] == ["alerts", "job_counters", "job_status", "overlaps", "run_stats",
-                                       "ttl_advice"]
+    assert [r[0] for r in result] == ["alerts", "duplicates", "job_counters", "job_health", "job_status",
+                                       "overlaps", "run_stats", "ttl_advice"]
 
 
 def _busy_jobs(columns, result, facts):
@@ -600,9 +600,9 @@ def test_the_cli_reads_the_query_from_stdin(reader_dsn):
     assert json.loads(result.output) == [{"jobs": 3}]
 
 
-def test_the_readme_report_examples_pass_the_guard_and_run(reader):
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text.split("\n### Reports and metrics\n", 1)[1].split("\n## ", 1)[0]
+def test_the_report_examples_of_the_docs_pass_the_guard_and_run(reader):
+    text = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    section = text.split("\n## Reports\n", 1)[1].split("\n## ", 1)[0]
     examples = re.findall(r'^jobledger report (?:--format \w+ )?"(.*?)"$', section, re.M | re.S)
     assert len(examples) >= 6
     for sql in examples:

@@ -526,6 +526,10 @@ def test_yearly_counts_in_berlin(db, schedule, expected):
     ("10-50/20 * * * *", "10,30,50 * * * *"), ("0 0 * * 1/2", "0 0 * * 1,3,5,0"),
     ("0 0 * * 5-7", "0 0 * * 0,5,6"), ("0 0 * * */3", "0 0 * * 0,3,6"),
     ("0 0 1-31 * *", "0 0 * * *"), ("  0   0\t* * *  ", "0 0 * * *"), ("59/15 * * * *", "59 * * * *"),
+    # weekday ranges that end on Sunday, as cronie reads them: a range ending at 0 ends at 7
+    ("0 0 * * Sat-Sun", "0 0 * * 6,0"), ("0 0 * * Fri-0", "0 0 * * 5,6,0"), ("0 0 * * Mon-Sun", "0 0 * * 0-6"),
+    ("0 0 * * 5-0", "0 0 * * 5-7"), ("0 0 * * 6-7", "0 0 * * 6,0"), ("0 0 * * sun-sun", "0 0 * * 0"),
+    ("0 0 * * 1-0,3", "0 0 * * 0-6"), ("0 0 * * tue-sun,mon", "0 0 * * 0-6"),
 ])
 def test_cron_syntax_equivalents(db, schedule, same_as):
     a, b = spec_of(db, schedule, "UTC"), spec_of(db, same_as, "UTC")
@@ -542,6 +546,48 @@ def test_cron_syntax_equivalents(db, schedule, same_as):
 def test_interval_forms(db, schedule, every):
     spec = spec_of(db, schedule, "UTC")
     assert db.execute("SELECT (%s::ledger.schedule_spec).every", (spec,)).fetchone()[0] == every
+
+
+# Weekday ranges that end on Sunday (crontab lines copied from real systems).
+# cronie reads a range whose end is 0 as ending at 7 (src/entry.c, get_range,
+# since 2025; before 1.6 it refused them, 1.6 to 1.7.2 set no day); croniter
+# expands these the same way, so it is the oracle here, away from DST.
+SUNDAY_RANGES = {  # expression -> its weekdays (0 = Sunday)
+    "0 0 * * Sat-Sun": {6, 0}, "0 0 * * Fri-0": {5, 6, 0}, "30 2 * * Mon-Sun": {1, 2, 3, 4, 5, 6, 0},
+    "0 12 * * 5-0": {5, 6, 0}, "*/30 9 * * 6-7": {6, 0}, "0 0 * * wed-sun": {3, 4, 5, 6, 0},
+    "15 6 * jan-mar thu-0": {4, 5, 6, 0},
+}
+
+
+@pytest.mark.parametrize("expr", list(SUNDAY_RANGES))
+@pytest.mark.parametrize("tz", ["UTC", "Europe/Berlin", "America/New_York"])
+def test_weekday_ranges_ending_on_sunday_match_croniter(db, expr, tz):
+    spec = spec_of(db, expr, tz)
+    z = ZoneInfo(tz)
+    after = utc(2025, 1, 7, 7, 8)  # a Tuesday, weeks away from any transition
+    got = enumerate_slots(db, spec, tz, after, after + timedelta(days=40))
+    runner = croniter(expr, after.astimezone(z), implement_cron_bug=True)
+    want = [runner.get_next(datetime).astimezone(UTC) for _ in range(len(got))]
+    assert got and got == want, (expr, tz)
+    assert {s.astimezone(z).isoweekday() % 7 for s in got} == SUNDAY_RANGES[expr]
+
+
+def test_a_weekday_range_ending_on_sunday_keeps_the_or_rule_of_a_restricted_field(db):
+    # 'mon-sun' covers the week but does not start with '*': restricted, so the
+    # 13th OR any weekday matches (cronie sets DOW_STAR only for a leading '*').
+    spec = spec_of(db, "0 0 13 * mon-sun", "UTC")
+    assert slot_count(db, spec, "UTC", utc(2024, 5, 1), utc(2024, 6, 1)) == 31
+
+
+@pytest.mark.parametrize("schedule,hint", [
+    ("0 0 * * mon-sun/2", "1-7/2"),  # with a step cronie sets no day: refused, with the way to write it
+    ("0 0 * * 5-0/2", "5-7/2"),
+    ("0 0 * * tue-sun/1", "2-7/1"),
+])
+def test_a_sunday_ending_range_with_a_step_is_refused_with_the_way_to_write_it(db, schedule, hint):
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+        spec_of(db, schedule, "UTC")
+    assert hint in caught.value.diag.message_primary and "schedule" in caught.value.diag.message_primary
 
 
 def test_dom_dow_or_rule_and_star_rule(db):
@@ -602,6 +648,9 @@ def test_results_do_not_depend_on_the_session_time_zone(db):
     ("0 0 * 13 *", "UTC", "22023", "schedule"),
     ("0 0 * * 8", "UTC", "22023", "schedule"),
     ("0 0 * * fri-mon", "UTC", "22023", "schedule"),
+    ("0 0 * * sat-mon", "UTC", "22023", "schedule"),
+    ("5-0 * * * *", "UTC", "22023", "schedule"),  # only the weekday field has a second Sunday
+    ("0 5-0 * * *", "UTC", "22023", "schedule"),
     ("*/0 * * * *", "UTC", "22023", "schedule"),
     ("0 0 31 2 *", "UTC", "22023", "schedule"),
     ("0 0 30,31 2 *", "UTC", "22023", "schedule"),

@@ -221,9 +221,10 @@ BAD = [
     ("ledger.register_job('j', '* * * *')", "22023", "schedule"),
     ("ledger.register_job('j', '0 0 31 2 *')", "22023", "schedule"),
     ("ledger.register_job('j', '0 * * * *', time_zone => 'Mars/Olympus')", "22023", "time_zone"),
-    ("ledger.register_job('j', '0 * * * *', time_zone => NULL)", "22004", "time_zone"),
     ("ledger.register_job('j', '45 minutes', max_backfill => 0)", "22023", "max_backfill"),
-    ("ledger.register_job('j', '45 minutes', max_backfill => NULL)", "22004", "max_backfill"),
+    # NULL time_zone or max_backfill: "keep what the job has" (0.1.0), not an error
+    ("ledger.register_job('j', '45 minutes', late_after => '-1 second')", "22023", "late_after"),
+    ("ledger.register_job('j', '45 minutes', pause_after_failures => 1001)", "22023", "pause_after_failures"),
     ("ledger.register_job('j', '45 minutes', ttl => '-1 minute')", "22023", "ttl"),
     ("ledger.register_job('j', '-45 minutes')", "22023", "schedule"),
     ("ledger.register_job(NULL, '45 minutes')", "22004", "job"),

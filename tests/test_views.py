@@ -76,7 +76,8 @@ def test_ttl_advice_verdicts(db):
     cases = {"short": ("1 minute", 60), "long": ("1 hour", 60), "fine": ("100 seconds", 60)}
     for job, (ttl, seconds) in cases.items():
         db.execute("SELECT ledger.register_job(%s, ttl => %s)", (job, ttl))
-        backdate(db, run(db, job, ttl=ttl)["run_id"], seconds)
+        for _ in range(5):  # no advice before 5 successes
+            backdate(db, run(db, job, ttl=ttl)["run_id"], seconds)
     db.execute("SELECT ledger.register_job('fresh', ttl => '1 minute')")
     advice = {r["job"]: r for r in rows(db, "SELECT * FROM ledger.ttl_advice")}
     assert {job: advice[job]["verdict"] for job in advice} == {

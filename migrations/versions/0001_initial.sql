@@ -93,10 +93,16 @@ CREATE FUNCTION ledger._max_backfill() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1000 $$;
 
--- purge_log's horizon.
+-- The most slots one schedule preview lists (next_slots, preview_slots).
+CREATE FUNCTION ledger._max_preview_slots() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1000 $$;
+
+-- purge_log's horizon: 100 years of 365 days. In days, since a duration
+-- has no month part (ledger._check_duration).
 CREATE FUNCTION ledger._max_older_than() RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT interval '100 years' $$;
+AS $$ SELECT interval '36500 days' $$;
 
 -- A run's detail (JSON text) and a failure's error text.
 CREATE FUNCTION ledger._max_detail_bytes() RETURNS integer
@@ -133,6 +139,38 @@ AS $$ SELECT value !~ '[\u0001-\u001F\u007F-\u00A0\u00AD\u0600-\u0605\u061C\u06D
 -- visible. The functions raise 22023 first; this is the backstop.
 CREATE DOMAIN ledger.label AS text
     CONSTRAINT label_valid CHECK (char_length(VALUE) BETWEEN 1 AND 200 AND ledger._is_visible_text(VALUE));
+
+-- A job's health bounds (late_after, down_after, min_runtime, max_runtime):
+-- an exact duration up to a year of 365 days.
+CREATE FUNCTION ledger._max_health_bound() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '365 days' $$;
+
+-- pause_after_failures: 1 to 1000 failures in a row.
+CREATE FUNCTION ledger._max_pause_after_failures() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1000 $$;
+
+-- ledger.job_health: a job with this many slots missed (past its grace) is
+-- down; a cron job's missed slots are counted over at most this far back
+-- (beyond it the count reads "at least").
+CREATE FUNCTION ledger._down_after_slots() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 3 $$;
+
+CREATE FUNCTION ledger._missed_horizon() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '8784 hours' $$;
+
+-- ledger.ttl_advice: no advice before this many successes, and never a
+-- ttl under this floor.
+CREATE FUNCTION ledger._advice_min_runs() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 5 $$;
+
+CREATE FUNCTION ledger._advice_min_ttl() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT interval '1 second' $$;
 -- Schedule evaluation. A schedule is parsed once, at registration, into a
 -- ledger.schedule_spec; the evaluators then answer "the newest slot <= at",
 -- "the oldest slot > after" and "how many slots in (after, upto]" without
@@ -207,11 +245,27 @@ CREATE TYPE ledger.schedule_spec AS (
 
 -- ---------------------------------------------------------------- validation
 
--- A schedule's time zone must be an IANA zone name. The server also loads
--- POSIX strings ('UTC+3' is three hours west, 'EST5EDT,M3.2.0,M11.1.0' has its
--- own DST rules), numeric offsets and abbreviations ('PST' never changes to
--- PDT), and leap-second 'right/' zones (off by the leap seconds): each would
--- silently fire at other times than the client meant.
+-- A schedule's time zone must be a time zone name: a zone of the server's
+-- tz database, which means the same on every host and in every session.
+-- The server also loads POSIX TZ strings ('UTC+3' is three hours west,
+-- 'EST5EDT,M3.2.0,M11.1.0' has its own DST rules, and so are 'Mars/Olympus2'
+-- and 'Etc/GMT-15': anything with a digit after its name, slash or not),
+-- numeric offsets, abbreviations ('PST' never changes to PDT; 'CET' read as
+-- an abbreviation has no DST, and AT TIME ZONE reads it so, by the session's
+-- timezone_abbreviations), leap-second 'right/' zones (off by the leap
+-- seconds) and the host's own 'localtime' and 'posixrules' (whatever the
+-- server's machine is set to): each would silently fire at other times than
+-- the client meant, or differently on another server. So:
+--   a name the server does not load is unknown;
+--   'right/...', 'localtime' and 'posixrules' are refused by name;
+--   a name with a slash and no digit that the server loads is a zone file
+--     (a POSIX TZ string needs a digit: its offset), the usual case, decided
+--     without the catalog;
+--   any other name must be a zone of pg_timezone_names (case-insensitive),
+--     and a name without a slash must not be a time zone abbreviation
+--     either, the UTC aliases of ledger._is_utc aside.
+-- The catalog is slow (it reads every zone file: some 30 ms), hence the
+-- shortcut.
 CREATE FUNCTION ledger._check_time_zone(time_zone text)
 RETURNS void
 LANGUAGE plpgsql
@@ -228,6 +282,12 @@ BEGIN
             MESSAGE = format('invalid time_zone %L: not an IANA time zone name', time_zone),
             DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
     END IF;
+    IF lower(time_zone) ~ '(^|/)(localtime|posixrules)$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('invalid time_zone %L: it is whatever zone the server''s host is set to; '
+                             'name the zone (such as Europe/Berlin)', time_zone),
+            DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
+    END IF;
     BEGIN
         PERFORM timestamptz '2000-01-01 00:00+00' AT TIME ZONE time_zone;
     EXCEPTION WHEN OTHERS THEN
@@ -235,14 +295,24 @@ BEGIN
             MESSAGE = format('invalid time_zone %L: unknown time zone', time_zone),
             DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
     END;
-    -- A name with a slash that the server loads is a zone file. Without one it
-    -- may be an abbreviation ('PST') or a POSIX string ('abc3'), which the
-    -- server also accepts: ask the (slow) catalog of zone names.
-    IF position('/' in time_zone) = 0 AND upper(time_zone) NOT IN ('UTC', 'GMT')
-       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names
-                       WHERE lower(name) = lower(time_zone)) THEN
+    IF position('/' in time_zone) > 0 AND time_zone !~ '[0-9]' THEN
+        RETURN;  -- a zone file: the usual case
+    END IF;
+    IF position('/' in time_zone) = 0 AND ledger._is_utc(time_zone) THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names n WHERE lower(n.name) = lower(time_zone)) THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('invalid time_zone %L: not a time zone name (abbreviations are not accepted)', time_zone),
+            MESSAGE = format('invalid time_zone %L: not a time zone name (PostgreSQL reads it as a POSIX TZ '
+                             'string or an abbreviation, which are not accepted)', time_zone),
+            DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
+    END IF;
+    IF position('/' in time_zone) = 0
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_abbrevs a WHERE lower(a.abbrev) = lower(time_zone)) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('invalid time_zone %L: PostgreSQL reads it as a time zone abbreviation, with a fixed '
+                             'offset (abbreviations are not accepted); name the zone (such as Europe/Paris)',
+                             time_zone),
             DETAIL = jsonb_build_object('argument', 'time_zone', 'value', time_zone)::text;
     END IF;
 END
@@ -282,7 +352,14 @@ $$;
 -- One cron field as a bit mask (bit n set <=> value n matches), so that the
 -- evaluators answer every question about it with bit operations. The field
 -- is comma-separated items, each '*', 'a' or 'a-b', optionally followed by
--- '/step'; 'a/step' means 'a-high/step' (Vixie cron).
+-- '/step'; 'a/step' means 'a-high/step' (Vixie cron). A range a-b with
+-- a > b is refused, except in the day-of-week field (0 to 7, both Sunday) a
+-- range that ends on Sunday written as 0 or 'sun': it ends at 7, as cronie
+-- reads it since its 2025 fix ('sat-sun' is 6-7, 'fri-0' is 5-7, 'mon-sun'
+-- is 1-7; cronie before 1.6 refused them, 1.6 to 1.7.2 set no day for
+-- them). With a step ('mon-sun/2') cronie still sets no day, so that one is
+-- refused, with the way to write it ('1-7/2'). Other wrap-arounds
+-- ('fri-mon') stay refused: cronie sets no day for them either.
 CREATE FUNCTION ledger._cron_field(schedule text, field text, label text, low integer, high integer, names text[])
 RETURNS bigint
 LANGUAGE plpgsql
@@ -290,6 +367,8 @@ IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_sunday       CONSTANT integer := 0;
+    v_sunday_again CONSTANT integer := 7;   -- the day-of-week field's high end: Sunday once more
     v_mask      bigint := 0::bigint;
     v_item      text;
     v_range     text;     -- the item without its '/step'
@@ -342,7 +421,16 @@ BEGIN
             v_first := ledger._cron_value(schedule, v_bounds[1], label, low, high, names);
             IF cardinality(v_bounds) = 2 THEN
                 v_last := ledger._cron_value(schedule, v_bounds[2], label, low, high, names);
-                IF v_first > v_last THEN
+                IF v_first > v_last AND v_last = v_sunday AND high = v_sunday_again AND v_step IS NULL THEN
+                    v_last := v_sunday_again;   -- cronie: 'sat-sun' is 6-7, 'mon-0' is 1-7
+                END IF;
+                IF v_first > v_last AND v_last = v_sunday AND high = v_sunday_again THEN
+                    RAISE EXCEPTION USING ERRCODE = '22023',
+                        MESSAGE = format('invalid schedule %L: range %L in the %s field ends on Sunday as 0 '
+                                         'and has a step, which cronie runs on no day; write Sunday as 7 (%s-7/%s)',
+                                         schedule, v_item, label, v_first, v_step),
+                        DETAIL = jsonb_build_object('argument', 'schedule', 'value', schedule)::text;
+                ELSIF v_first > v_last THEN
                     RAISE EXCEPTION USING ERRCODE = '22023',
                         MESSAGE = format('invalid schedule %L: reversed range %L in the %s field',
                                          schedule, v_range, label),
@@ -1292,7 +1380,26 @@ CREATE TABLE ledger.jobs (
     updated_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
     -- The schedule parsed once, at registration (see 15_schedule_eval.sql).
     schedule_spec ledger.schedule_spec,
+    -- Health bounds (ledger.job_health), all optional: the grace before a
+    -- due slot not started is late; no success for longer than down_after
+    -- is down; a success shorter than min_runtime is too fast; a run longer
+    -- than max_runtime overruns (and `jobledger run` stops it there); the
+    -- end of the Nth failure in a row pauses the job.
+    late_after           interval,
+    down_after           interval,
+    min_runtime          interval,
+    max_runtime          interval,
+    pause_after_failures integer,
+    -- When and why the job was paused: 'operator' (pause_job) or 'failures'
+    -- (pause_after_failures); NULL while it runs free.
+    paused_at     timestamptz,
+    pause_reason  text,
     CONSTRAINT jobs_ttl_positive CHECK (ttl > interval '0'),
+    CONSTRAINT jobs_bounds_positive CHECK (late_after > interval '0' AND down_after > interval '0'
+                                           AND min_runtime > interval '0' AND max_runtime > interval '0'
+                                           AND pause_after_failures >= 1),
+    CONSTRAINT jobs_pause_reason_valid CHECK (pause_reason IS NULL
+                                              OR (pause_reason IN ('operator', 'failures') AND paused)),
     CONSTRAINT jobs_max_backfill_positive CHECK (max_backfill >= 1),
     CONSTRAINT jobs_schedule_parsed CHECK ((schedule IS NULL) = (schedule_spec IS NULL))
 );
@@ -1359,6 +1466,9 @@ CREATE TABLE ledger.job_execution_log (
     failure_reason  text,
     error           text,
     detail          jsonb,
+    -- An operator asked the run to stop (ledger.request_cancel): the
+    -- holder's next heartbeat ends it as cancelled and answers NULL.
+    cancel_requested_at timestamptz,
     CONSTRAINT log_status_valid CHECK (status IN ('running', 'success', 'failure')),
     CONSTRAINT log_failure_reason_valid
         CHECK (failure_reason IN ('error', 'lease_expired', 'superseded', 'cancelled')),
@@ -1398,11 +1508,52 @@ CREATE TABLE ledger.counters (
     skipped_overlap  bigint NOT NULL DEFAULT 0,
     skipped_backfill bigint NOT NULL DEFAULT 0,
     leases_lost      bigint NOT NULL DEFAULT 0,
+    -- The job's state as the whole-ledger reads (job_status, alerts,
+    -- ttl_advice) need it, kept up to date by the functions that write the
+    -- log (start, end, reap, purge) in the same statement as the counters,
+    -- so that those reads cost per job, not per log row. Each is what the
+    -- log says (ledger._refresh_state recomputes them from it):
+    --   last_*          the run that started last (started_at, run_id);
+    --   last_success_*  the success that started last;
+    --   running_*       the running run;
+    --   done_slot       the newest slot that succeeded;
+    --   longest_success the longest successful run;
+    --   consecutive_failures  failures started after the last success started.
+    last_run_id             bigint,
+    last_status             text,
+    last_started_at         timestamptz,
+    last_completed_at       timestamptz,
+    last_success_started_at timestamptz,
+    last_success_at         timestamptz,
+    running_run_id          bigint,
+    running_token           bigint,
+    running_started_at      timestamptz,
+    done_slot               timestamptz,
+    longest_success         interval,
+    consecutive_failures    bigint NOT NULL DEFAULT 0,
     CONSTRAINT counters_non_negative CHECK (
         runs_started >= 0 AND successes >= 0 AND failures >= 0
-        AND skipped_overlap >= 0 AND skipped_backfill >= 0 AND leases_lost >= 0)
+        AND skipped_overlap >= 0 AND skipped_backfill >= 0 AND leases_lost >= 0
+        AND consecutive_failures >= 0)
 );
-COMMENT ON TABLE ledger.counters IS 'Monotonic per-job counters behind ledger.job_counters';
+COMMENT ON TABLE ledger.counters IS 'Monotonic per-job counters behind ledger.job_counters, and each job''s state from the log';
+
+-- Skips counted without a WAL flush: a skip (another owner's live lease)
+-- writes only this UNLOGGED table, so its commit waits for no disk, and it
+-- issues no token. One row per job and backend shard (pg_backend_pid() % 16),
+-- so concurrent skippers of one hot job rarely wait for each other. The
+-- ending of a run folds the job's pending skips into ledger.counters (rows it
+-- can lock without waiting); a crash loses at most the skips not folded yet
+-- (harmless: no decision depends on a skip count). ledger.job_counters adds
+-- both.
+CREATE UNLOGGED TABLE ledger.skip_counts (
+    job             ledger.label NOT NULL,
+    shard           smallint    NOT NULL,
+    skipped_overlap bigint      NOT NULL DEFAULT 0,
+    CONSTRAINT skip_counts_pkey PRIMARY KEY (job, shard),
+    CONSTRAINT skip_counts_non_negative CHECK (skipped_overlap >= 0)
+);
+COMMENT ON TABLE ledger.skip_counts IS 'Skips not yet folded into ledger.counters (unlogged: a skip costs no WAL flush)';
 
 -- What purge_log must not forget: a slot or an idempotency key that
 -- succeeded answers already_done for ever, even once its run row is gone.
@@ -1511,11 +1662,17 @@ END
 $$;
 
 -- A duration argument (ttl, older_than): NULL passes (the caller decides
--- whether it is required). Every part must be non-negative, so that adding it
--- to an instant moves forward whatever the calendar ('-1 year 361 days' is
--- "positive" by interval comparison, yet lands before its start), and the
--- whole must lie in (0, upper]: the views add and multiply these values, and
--- a bound keeps every result in timestamptz's range.
+-- whether it is required). A duration is an exact length of time, so:
+--   no month part ('1 month', '1 year'): a month has no fixed length, and
+--   interval comparison would count it as 30 days, so '1 month' would slip
+--   past a '30 days' bound as 31 days of calendar;
+--   every other part non-negative, so that adding it to an instant moves
+--   forward ('1 day -1 hour' is positive by interval comparison, yet its
+--   parts pull apart across a DST change);
+--   the whole in (0, upper]: the views add and multiply these values, and a
+--   bound keeps every result in timestamptz's range.
+-- A day counts as 24 hours: the callers fold it so (ledger._exact) before
+-- any arithmetic, which therefore never depends on the session's TimeZone.
 CREATE FUNCTION ledger._check_duration(value interval, arg text, upper interval)
 RETURNS void
 LANGUAGE plpgsql
@@ -1526,14 +1683,38 @@ BEGIN
     IF value IS NULL THEN
         RETURN;
     END IF;
+    IF date_trunc('month', value) <> interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument %s must be an exact duration: no month or year part (give days or hours, '
+                             'at most %s)', arg, upper),
+            DETAIL = jsonb_build_object('argument', arg, 'value', value::text, 'max', upper::text,
+                                        'months', extract(year FROM value) * 12 + extract(month FROM value))::text;
+    END IF;
     IF value <= interval '0' OR value > upper
-       OR date_trunc('month', value) < interval '0'
-       OR date_trunc('day', value) - date_trunc('month', value) < interval '0'
+       OR date_trunc('day', value) < interval '0'
        OR value - date_trunc('day', value) < interval '0' THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('argument %s must be positive, with no negative part, and at most %s', arg, upper),
             DETAIL = jsonb_build_object('argument', arg, 'value', value::text, 'max', upper::text)::text;
     END IF;
+END
+$$;
+
+-- A checked duration as exact time: its day part folded into hours, a day
+-- being 24 hours ('1 day 02:00' becomes '26:00:00'). Adding an interval with
+-- a day part to a timestamptz follows the session's TimeZone ('1 day' across
+-- a DST change is 23 or 25 hours there); adding this one does not. Every
+-- ttl and older_than is used, and stored, in this form.
+CREATE FUNCTION ledger._exact(value interval)
+RETURNS interval
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_days integer := extract(day FROM value)::integer;
+BEGIN
+    RETURN value - make_interval(days => v_days) + make_interval(hours => 24 * v_days);
 END
 $$;
 
@@ -1584,8 +1765,8 @@ BEGIN
 END
 $$;
 
--- The ttl to use: the argument, else the job's registered ttl; 22023 when
--- neither is there or the value is not positive.
+-- The ttl to use, exact (ledger._exact): the argument, else the job's
+-- registered ttl; 22023 when neither is there or the value is out of bounds.
 CREATE FUNCTION ledger._resolve_ttl(job text, ttl interval)
 RETURNS interval
 LANGUAGE plpgsql
@@ -1604,7 +1785,7 @@ BEGIN
         END IF;
     END IF;
     PERFORM ledger._check_ttl(v_ttl);
-    RETURN v_ttl;
+    RETURN ledger._exact(v_ttl);
 END
 $$;
 
@@ -1675,10 +1856,16 @@ CREATE FUNCTION ledger._lock_wait() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $x$ SELECT '1s'::text $x$;
 
--- The job's lease row for a caller that wants to take it, as one of:
---   'held'    another owner's live lease, read without a lock: the caller
---             skips, and a skip takes no row lock and waits for nobody;
---   'locked'  the row, locked FOR UPDATE, as it is now;
+-- The lease row of a job for a caller that wants to take it: the callers'
+-- first statement takes it locked when nobody holds it and no other
+-- transaction has it (FOR UPDATE SKIP LOCKED, free, expired, released or
+-- already the caller's); their second reads it without a lock, and another
+-- owner's live lease there is a skip that locks nothing. This is the rest:
+-- the row is missing, or another transaction has it. Answers one of
+--   'held'    another owner's live lease, as committed now: the caller
+--             skips; it took no row lock (the wait below locks only a row
+--             that is still free once its holder let go);
+--   'locked'  the row, locked FOR UPDATE, free, expired or the caller's;
 --   'created' no row existed: a new one, locked, leased to `owner` with the
 --             job's first token;
 --   'busy'    another transaction held the row past ledger._lock_wait():
@@ -1693,33 +1880,31 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_wait text;
+    v_wait text := current_setting('lock_timeout');
 BEGIN
-    SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job;
-    IF FOUND THEN
-        IF lease.released_at IS NULL AND lease.expires_at > clock_timestamp()
-           AND lease.owner <> _lock_lease.owner THEN
-            state := 'held';
-            RETURN;
-        END IF;
-        -- The usual case: nobody else is writing this job right now.
-        SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
-            state := 'locked';
-            RETURN;
-        END IF;
-    END IF;
-
-    -- Another transaction holds the row (or is inserting it): wait for it,
-    -- within the bound. The block is a subtransaction, paid only here.
-    v_wait := current_setting('lock_timeout');
+    -- Wait for the other transaction, within the bound. The block is a
+    -- subtransaction, paid only here.
     BEGIN
         PERFORM set_config('lock_timeout', ledger._lock_wait(), true);
         FOR attempt IN 1 .. 3 LOOP
-            SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job FOR UPDATE;
+            -- Re-checked once the holder let go (READ COMMITTED): a row that
+            -- another owner now holds live is not locked, and is a skip.
+            SELECT * INTO lease FROM ledger.leases l
+             WHERE l.job = _lock_lease.job
+               AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp() OR l.owner = _lock_lease.owner)
+               FOR UPDATE;
             IF FOUND THEN
                 state := 'locked';
                 EXIT;
+            END IF;
+            SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job;
+            IF FOUND THEN
+                IF lease.released_at IS NULL AND lease.expires_at > clock_timestamp()
+                   AND lease.owner <> _lock_lease.owner THEN
+                    state := 'held';
+                    EXIT;
+                END IF;
+                CONTINUE;  -- changed in between: look again
             END IF;
             INSERT INTO ledger.leases (job, owner, token, ttl, acquired_at, expires_at, timeline)
             SELECT _lock_lease.job, _lock_lease.owner, ledger._next_token(NULL, NULL, timeline),
@@ -1744,11 +1929,12 @@ BEGIN
 END
 $$;
 
--- Count a skip without waiting past `wait` for the job's counters row, which
--- another open transaction may hold (the skip path holds no lease row lock):
--- ledger._lock_wait(), or a few milliseconds when the caller already waited
--- that long for the lease row. A skip count lost that way is harmless; a
--- hang is not.
+-- Count a skip without a WAL flush and without waiting past `wait` for the
+-- job's skip row, which another open transaction may hold (the skip path
+-- holds no lease row lock): ledger._lock_wait(), or a few milliseconds when
+-- the caller already waited that long for the lease row. The callers try
+-- the plain UPDATE of their shard's row first; this is the rest (the row is
+-- missing, or locked). A skip count lost that way is harmless; a hang is not.
 CREATE FUNCTION ledger._count_skip(job text, wait text)
 RETURNS void
 LANGUAGE plpgsql
@@ -1756,25 +1942,158 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_wait text;
+    v_wait text := current_setting('lock_timeout');
 BEGIN
-    UPDATE ledger.counters c SET skipped_overlap = c.skipped_overlap + 1
-      FROM (SELECT t.job FROM ledger.counters t WHERE t.job = _count_skip.job
-               FOR UPDATE SKIP LOCKED) free_
-     WHERE c.job = free_.job;
-    IF FOUND THEN
-        RETURN;
-    END IF;
-    v_wait := current_setting('lock_timeout');
     BEGIN
         PERFORM set_config('lock_timeout', wait, true);
-        PERFORM ledger._count(job, skipped_overlap => 1);
+        INSERT INTO ledger.skip_counts AS s (job, shard, skipped_overlap)
+        VALUES (_count_skip.job, (pg_backend_pid() % 16)::smallint, 1)
+        ON CONFLICT ON CONSTRAINT skip_counts_pkey DO UPDATE SET skipped_overlap = s.skipped_overlap + 1;
         PERFORM set_config('lock_timeout', v_wait, true);
     EXCEPTION WHEN lock_not_available THEN
         NULL;
     END;
 END
 $$;
+
+-- Close a running run as failed because its lease was lost: true when it
+-- was running. The caller holds the job's lease row lock and does the
+-- counting (ledger._close_lost).
+CREATE FUNCTION ledger._close_run(run_id bigint, reason text, at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE ledger.job_execution_log r
+       SET status = 'failure',
+           failure_reason = reason,
+           completed_at = greatest(at, r.started_at),
+           error = CASE reason
+                       WHEN 'superseded' THEN 'lease superseded by a newer token'
+                       ELSE 'lease expired before the run ended'
+                   END
+     WHERE r.run_id = _close_run.run_id AND r.status = 'running';
+    RETURN FOUND;
+END
+$$;
+
+-- A running run closed as failed because its lease was lost (lease_expired,
+-- superseded): the run row, and the job's counters and state. The caller
+-- holds the job's lease row lock.
+CREATE FUNCTION ledger._close_lost(run ledger.job_execution_log, reason text, at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_end    timestamptz := greatest(at, run.started_at);
+    v_streak bigint;
+BEGIN
+    IF NOT ledger._close_run(run.run_id, reason, v_end) THEN
+        RETURN;
+    END IF;
+    INSERT INTO ledger.counters AS c (job, failures, leases_lost, consecutive_failures,
+                                      last_run_id, last_status, last_started_at, last_completed_at)
+    VALUES (run.job, 1, 1, 1, run.run_id, 'failure', run.started_at, v_end)
+    ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
+        failures             = c.failures + 1,
+        leases_lost          = c.leases_lost + 1,
+        consecutive_failures = c.consecutive_failures
+                               + CASE WHEN run.started_at > coalesce(c.last_success_started_at, '-infinity')
+                                      THEN 1 ELSE 0 END,
+        last_status          = CASE WHEN c.last_run_id = run.run_id THEN 'failure' ELSE c.last_status END,
+        last_completed_at    = CASE WHEN c.last_run_id = run.run_id THEN v_end ELSE c.last_completed_at END,
+        running_run_id       = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_run_id END,
+        running_token        = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_token END,
+        running_started_at   = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_started_at END
+    RETURNING c.consecutive_failures INTO v_streak;
+    PERFORM ledger._auto_pause(run.job, v_streak, v_end);
+END
+$$;
+
+-- The end of a failure that made `streak` failures in a row pauses the job
+-- when its pause_after_failures is at most that (in the transaction of the
+-- end); a job paused already stays as it is.
+CREATE FUNCTION ledger._auto_pause(job text, streak bigint, at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE ledger.jobs j SET paused = true, paused_at = at, pause_reason = 'failures', updated_at = at
+     WHERE j.job = _auto_pause.job AND NOT j.paused AND j.pause_after_failures <= streak;
+END
+$$;
+
+-- The jobs' state in ledger.counters recomputed from the log, exactly as
+-- the state columns define it: after purge_log removed runs, and after a
+-- write to the log that did not come through the ledger's functions (a
+-- superuser's UPDATE, a bulk load: see ledger._foreign_log_write). A job
+-- with runs but no counters row gets one (zero counters).
+CREATE FUNCTION ledger._refresh_state(jobs text[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO ledger.counters (job)
+    SELECT DISTINCT r.job FROM ledger.job_execution_log r WHERE r.job = ANY (jobs)
+    ON CONFLICT ON CONSTRAINT counters_pkey DO NOTHING;
+    UPDATE ledger.counters c SET
+        (last_run_id, last_status, last_started_at, last_completed_at) =
+            (SELECT r.run_id, r.status, r.started_at, r.completed_at FROM ledger.job_execution_log r
+              WHERE r.job = c.job ORDER BY r.started_at DESC, r.run_id DESC LIMIT 1),
+        (last_success_started_at, last_success_at) =
+            (SELECT r.started_at, r.completed_at FROM ledger.job_execution_log r
+              WHERE r.job = c.job AND r.status = 'success' ORDER BY r.started_at DESC LIMIT 1),
+        (running_run_id, running_token, running_started_at) =
+            (SELECT r.run_id, r.token, r.started_at FROM ledger.job_execution_log r
+              WHERE r.job = c.job AND r.status = 'running'),
+        done_slot =
+            (SELECT max(r.slot) FROM ledger.job_execution_log r
+              WHERE r.job = c.job AND r.status = 'success' AND r.slot IS NOT NULL),
+        longest_success =
+            (SELECT max(r.completed_at - r.started_at) FROM ledger.job_execution_log r
+              WHERE r.job = c.job AND r.status = 'success'),
+        consecutive_failures =
+            (SELECT count(*) FROM ledger.job_execution_log f
+              WHERE f.job = c.job AND f.status = 'failure'
+                AND f.started_at > coalesce((SELECT max(s.started_at) FROM ledger.job_execution_log s
+                                              WHERE s.job = c.job AND s.status = 'success'), '-infinity'))
+     WHERE c.job = ANY (jobs);
+END
+$$;
+
+-- A row of the log written by anyone but the ledger's own functions (which
+-- run as ledger_owner and keep the state themselves): recompute that job's
+-- state, so the views never disagree with the log. The trigger's WHEN keeps
+-- it off the functions' path.
+CREATE FUNCTION ledger._foreign_log_write()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        PERFORM ledger._refresh_state(ARRAY[OLD.job]::text[]);
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        PERFORM ledger._refresh_state(ARRAY[NEW.job]::text[]);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER job_execution_log_foreign_write
+    AFTER INSERT OR UPDATE OR DELETE ON ledger.job_execution_log
+    FOR EACH ROW WHEN (current_user <> 'ledger_owner')
+    EXECUTE FUNCTION ledger._foreign_log_write();
 
 -- Add to a job's counters (one upsert, whatever moved).
 CREATE FUNCTION ledger._count(
@@ -1814,6 +2133,9 @@ CREATE CONSTRAINT TRIGGER leases_durable_token
     DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION ledger._durable_token();
 
+-- The hot path: each argument checked once, in one expression (the helpers
+-- only run to raise the documented error), the lease row read once in the
+-- usual cases, no helper call on the way.
 CREATE FUNCTION ledger.acquire(job text, owner text, ttl interval DEFAULT NULL)
 RETURNS SETOF ledger.lease
 LANGUAGE plpgsql
@@ -1822,43 +2144,74 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_ttl      interval;
+    v_ttl      interval := ttl;
     v_timeline integer;
-    v_took     record;
     v_lease    ledger.leases;
+    v_state    text;
+    v_took     record;
     v_now      timestamptz;
 BEGIN
-    PERFORM ledger._check_label(job, 'job');
-    PERFORM ledger._check_label(owner, 'owner');
-    v_ttl := ledger._resolve_ttl(job, ttl);
-    v_timeline := ledger._timeline();
-
-    v_took := ledger._lock_lease(job, owner, v_ttl, v_timeline);
-    v_lease := v_took.lease;
-    IF v_took.state = 'created' THEN
-        RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
-        RETURN;
-    ELSIF v_took.state IN ('held', 'busy') THEN
-        RETURN;
+    IF job IS NULL OR owner IS NULL
+       OR NOT (char_length(job) BETWEEN 1 AND 200 AND ledger._is_visible_text(job)
+               AND char_length(owner) BETWEEN 1 AND 200 AND ledger._is_visible_text(owner)) THEN
+        PERFORM ledger._check_label(job, 'job');
+        PERFORM ledger._check_label(owner, 'owner');
+    END IF;
+    IF v_ttl IS NULL THEN
+        SELECT j.ttl INTO v_ttl FROM ledger.jobs j WHERE j.job = acquire.job;
+    END IF;
+    IF v_ttl IS NULL OR v_ttl <= interval '0' OR v_ttl > ledger._max_ttl()
+       OR date_trunc('month', v_ttl) <> interval '0' OR date_trunc('day', v_ttl) < interval '0'
+       OR v_ttl - date_trunc('day', v_ttl) < interval '0' THEN
+        v_ttl := ledger._resolve_ttl(job, v_ttl);  -- raises the documented 22023
+    ELSIF extract(day FROM v_ttl) <> 0 THEN
+        v_ttl := ledger._exact(v_ttl);
     END IF;
 
-    -- Locked: free, expired, or already ours? Then take it with a new token.
-    -- The clock is read once the row is locked: a caller that waited for the
+    -- Free, expired, released or already ours, and nobody else writing it:
+    -- locked at once. Another owner's live lease is not locked (the WHERE
+    -- fails first), and is read below without a lock.
+    SELECT * INTO v_lease FROM ledger.leases l
+     WHERE l.job = acquire.job
+       AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp() OR l.owner = acquire.owner)
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = acquire.job;
+        IF FOUND AND v_lease.released_at IS NULL AND v_lease.expires_at > clock_timestamp()
+           AND v_lease.owner <> owner THEN
+            RETURN;  -- held: no row, no lock, nothing written
+        END IF;
+        v_timeline := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer;
+        v_took := ledger._lock_lease(job, owner, v_ttl, v_timeline);
+        v_lease := v_took.lease;
+        v_state := v_took.state;
+        IF v_state = 'created' THEN
+            RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
+            RETURN;
+        ELSIF v_state <> 'locked' THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    -- Locked, and free, expired or ours: take it with a new token. The
+    -- clock is read once the row is locked: a caller that waited for the
     -- previous holder must not date its lease before that holder let go.
     v_now := clock_timestamp();
-    IF v_lease.expires_at <= v_now OR v_lease.released_at IS NOT NULL OR v_lease.owner = owner THEN
-        UPDATE ledger.leases l SET
-            owner       = acquire.owner,
-            token       = ledger._next_token(l.token, l.timeline, v_timeline),
-            ttl         = v_ttl,
-            acquired_at = v_now,
-            expires_at  = v_now + v_ttl,
-            released_at = NULL,
-            timeline    = v_timeline
-         WHERE l.job = acquire.job
-        RETURNING * INTO v_lease;
-        RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
-    END IF;
+    v_timeline := coalesce(v_timeline,
+        ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer);
+    UPDATE ledger.leases l SET
+        owner       = acquire.owner,
+        -- ledger._next_token, inline
+        token       = CASE WHEN l.timeline = v_timeline THEN l.token + 1
+                           ELSE greatest(l.token + (1::bigint << 32), ((v_timeline - 1)::bigint << 32) + 1) END,
+        ttl         = v_ttl,
+        acquired_at = v_now,
+        expires_at  = v_now + v_ttl,
+        released_at = NULL,
+        timeline    = v_timeline
+     WHERE l.job = acquire.job
+    RETURNING * INTO v_lease;
+    RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
 END
 $$;
 COMMENT ON FUNCTION ledger.acquire(text, text, interval) IS
@@ -1881,9 +2234,10 @@ BEGIN
 
     -- Owner and token must both match: a stale holder can never extend the
     -- lease of whoever took over. An expired lease nobody took may be renewed.
+    -- The ttl exact (ledger._exact): the expiry is not the session's TimeZone's.
     UPDATE ledger.leases l
-       SET expires_at = clock_timestamp() + coalesce(renew.ttl, l.ttl),
-           ttl        = coalesce(renew.ttl, l.ttl)
+       SET expires_at = clock_timestamp() + ledger._exact(coalesce(renew.ttl, l.ttl)),
+           ttl        = ledger._exact(coalesce(renew.ttl, l.ttl))
      WHERE l.job = renew.job
        AND l.owner = renew.owner
        AND l.token = renew.token
@@ -2068,6 +2422,10 @@ $$;
 COMMENT ON FUNCTION ledger.advance_fence(text, text, bigint) IS
     'Strict fence: record the job''s current token if greater than the highest accepted; false when it already wrote';
 
+-- The hot path of the lenient fence: the arguments checked in one
+-- expression, and one statement that locks the fence and reads the lease
+-- (both by primary key); ledger._checked_fence only for the rest (a first
+-- write, an error to raise).
 CREATE FUNCTION ledger.fence(job text, resource text, token bigint)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -2076,8 +2434,36 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_recorded bigint := ledger._checked_fence(job, resource, token);
+    v_recorded bigint;
+    v_bound    ledger.label;
+    v_live     boolean;
 BEGIN
+    IF job IS NULL OR resource IS NULL OR token IS NULL OR token <= 0
+       OR NOT (char_length(job) BETWEEN 1 AND 200 AND ledger._is_visible_text(job)
+               AND char_length(resource) BETWEEN 1 AND 200 AND ledger._is_visible_text(resource)) THEN
+        v_recorded := ledger._checked_fence(job, resource, token);  -- raises the documented error
+    END IF;
+    SELECT f.token, f.job,
+           coalesce(l.token = fence.token AND l.released_at IS NULL AND l.expires_at > clock_timestamp(), false)
+      INTO v_recorded, v_bound, v_live
+      FROM ledger.fences f
+      LEFT JOIN ledger.leases l ON l.job = fence.job
+     WHERE f.resource = fence.resource
+       FOR UPDATE OF f;
+    IF NOT FOUND OR NOT v_live THEN
+        -- A first write, or LD001: the long way, in the documented order.
+        v_recorded := ledger._checked_fence(job, resource, token);
+    ELSIF v_bound <> job THEN
+        PERFORM ledger._raise('LD006',
+            format('fence of another job: resource %s belongs to job %s, not %s', resource, v_bound, job),
+            jsonb_build_object('resource', resource, 'job', job, 'bound_job', v_bound, 'token', token));
+    ELSIF v_recorded > token THEN
+        -- Current when checked, yet a newer token already wrote: a takeover
+        -- committed in between.
+        PERFORM ledger._raise('LD002',
+            format('stale fence token: resource %s accepted token %s, got %s', resource, v_recorded, token),
+            jsonb_build_object('resource', resource, 'job', job, 'token', token, 'highest_token', v_recorded));
+    END IF;
     -- Lenient: the current holder may write many times with one token.
     IF v_recorded < token THEN
         UPDATE ledger.fences f SET token = fence.token, advanced_at = clock_timestamp()
@@ -2106,80 +2492,111 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now      timestamptz;
-    v_ttl      interval;
-    v_timeline integer;
-    v_took     record;
-    v_lease    ledger.leases;
-    v_running  ledger.job_execution_log;
-    v_lost     bigint := 0::bigint;
-    v_result   ledger.run_start;
-    v_job      ledger.jobs;
+    v_ttl    interval;
+    v_job    ledger.jobs;
+    v_result ledger.run_start;
 BEGIN
-    PERFORM ledger._check_label(job, 'job');
-    PERFORM ledger._check_label(owner, 'owner');
-    PERFORM ledger._check_label(idempotency_key, 'idempotency_key', false);
-    PERFORM ledger._check_detail(detail);
-    PERFORM ledger._check_instant(slot, 'slot');
+    -- Every argument checked once, in one expression; the helpers run only
+    -- to raise the documented error, in the documented order.
+    IF job IS NULL OR owner IS NULL
+       OR NOT (char_length(job) BETWEEN 1 AND 200 AND ledger._is_visible_text(job)
+               AND char_length(owner) BETWEEN 1 AND 200 AND ledger._is_visible_text(owner)
+               AND (idempotency_key IS NULL
+                    OR (char_length(idempotency_key) BETWEEN 1 AND 200
+                        AND ledger._is_visible_text(idempotency_key))))
+       OR (detail IS NOT NULL
+           AND (jsonb_typeof(detail) <> 'object' OR octet_length(detail::text) > ledger._max_detail_bytes()))
+       OR slot < ledger._min_instant() OR slot >= ledger._max_instant() OR NOT isfinite(slot) THEN
+        PERFORM ledger._check_label(job, 'job');
+        PERFORM ledger._check_label(owner, 'owner');
+        PERFORM ledger._check_label(idempotency_key, 'idempotency_key', false);
+        PERFORM ledger._check_detail(detail);
+        PERFORM ledger._check_instant(slot, 'slot');
+    END IF;
     -- One read of the job's registration serves the ttl default, the slot
     -- check and the pause.
     SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = start_run.job;
-    v_ttl := ledger._resolve_ttl(job, coalesce(ttl, v_job.ttl));
+    v_ttl := coalesce(ttl, v_job.ttl);
+    IF v_ttl IS NULL OR v_ttl <= interval '0' OR v_ttl > ledger._max_ttl()
+       OR date_trunc('month', v_ttl) <> interval '0' OR date_trunc('day', v_ttl) < interval '0'
+       OR v_ttl - date_trunc('day', v_ttl) < interval '0' THEN
+        v_ttl := ledger._resolve_ttl(job, v_ttl);  -- raises the documented 22023
+    ELSIF extract(day FROM v_ttl) <> 0 THEN
+        v_ttl := ledger._exact(v_ttl);
+    END IF;
     IF slot IS NOT NULL AND v_job.schedule IS NOT NULL THEN
         PERFORM ledger._check_slot(v_job, slot);
     END IF;
-    v_result.slot := slot;
-
     IF v_job.paused THEN
         v_result.outcome := 'paused';
+        v_result.slot := slot;
         RETURN v_result;
     END IF;
+    RETURN ledger._start(job, owner, v_ttl, slot, idempotency_key, detail);
+END
+$$;
+COMMENT ON FUNCTION ledger.start_run(text, text, interval, timestamptz, text, jsonb) IS
+    'Check the previous run, take the lease and log a running run, in one transaction';
 
-    v_timeline := ledger._timeline();
-    v_took := ledger._lock_lease(job, owner, v_ttl, v_timeline);
-    v_lease := v_took.lease;
-    IF v_took.state = 'created' THEN
-        -- A job with no lease row has no runs: nothing to check.
-        RETURN ledger._insert_run(v_lease, slot, idempotency_key, detail, 0);
-    END IF;
-    -- Read the clock once locked: a start that waited for the previous run
-    -- to end must not date itself before that end.
-    v_now := clock_timestamp();
-
-    IF v_took.state = 'locked' THEN
-        -- The previous run: still running while its lease expired, ended or
-        -- went to another token? Its runner is gone or a zombie: close it.
-        SELECT * INTO v_running FROM ledger.job_execution_log r
-         WHERE r.job = start_run.job AND r.status = 'running';
-        IF FOUND AND (v_lease.token <> v_running.token
-                      OR v_lease.released_at IS NOT NULL
-                      OR v_lease.expires_at <= v_now) THEN
-            PERFORM ledger._close_run(v_running.run_id,
-                CASE WHEN v_lease.token <> v_running.token THEN 'superseded' ELSE 'lease_expired' END,
-                v_now);
-            v_lost := v_lost + 1;
-            v_running := NULL;
-        END IF;
-    END IF;
-
-    -- That slot or key already succeeded or is running (wins over overlap).
-    IF ledger._already_done(job, slot, idempotency_key) THEN
-        IF v_lost > 0 THEN
-            PERFORM ledger._count(job, failures => v_lost, leases_lost => v_lost);
-        END IF;
-        v_result.outcome := 'already_done';
-        RETURN v_result;
-    END IF;
-
-    -- Another owner's live lease (or a row another transaction holds past
-    -- the lock bound): a normal skip, counted apart from failures.
-    IF v_took.state IN ('held', 'busy')
-       OR (v_lease.released_at IS NULL AND v_lease.expires_at > v_now AND v_lease.owner <> owner) THEN
-        IF v_took.state = 'locked' THEN
-            PERFORM ledger._count(job, skipped_overlap => 1, failures => v_lost, leases_lost => v_lost);
+-- The one start path of start_run and start_due_run, for checked arguments
+-- (`ttl` resolved and exact) of a job that is not paused. In the usual
+-- cases it reads the lease row once: locked at once when it is free,
+-- expired, released or already the caller's and nobody else writes it;
+-- read without a lock when another owner holds it live, and then the skip
+-- locks nothing and writes only ledger.skip_counts (UNLOGGED: its commit
+-- waits for no WAL flush), issuing no token. Order of locks: the lease row,
+-- then run rows, then counters.
+CREATE FUNCTION ledger._start(
+    job text, owner text, ttl interval, slot timestamptz, idempotency_key text, detail jsonb)
+RETURNS ledger.run_start
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now      timestamptz;
+    v_timeline integer;
+    v_lease    ledger.leases;
+    v_state    text := 'locked';
+    v_took     record;
+    v_running  ledger.job_execution_log;
+    v_result   ledger.run_start;
+BEGIN
+    v_result.slot := slot;
+    SELECT * INTO v_lease FROM ledger.leases l
+     WHERE l.job = _start.job
+       AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp() OR l.owner = _start.owner)
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = _start.job;
+        IF FOUND AND v_lease.released_at IS NULL AND v_lease.expires_at > clock_timestamp()
+           AND v_lease.owner <> owner THEN
+            v_state := 'held';
         ELSE
-            PERFORM ledger._count_skip(job, wait => CASE v_took.state WHEN 'held' THEN ledger._lock_wait()
-                                                                      ELSE '10ms' END);
+            v_timeline := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer;
+            v_took := ledger._lock_lease(job, owner, ttl, v_timeline);
+            v_lease := v_took.lease;
+            v_state := v_took.state;
+        END IF;
+    END IF;
+
+    IF v_state IN ('held', 'busy') THEN
+        -- That slot or key already succeeded or is running (wins over overlap).
+        IF (slot IS NOT NULL OR idempotency_key IS NOT NULL)
+           AND ledger._already_done(job, slot, idempotency_key) THEN
+            v_result.outcome := 'already_done';
+            RETURN v_result;
+        END IF;
+        -- Another owner's live lease (or a row another transaction holds
+        -- past the lock bound): a normal skip, counted apart from failures,
+        -- without a WAL flush.
+        UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + 1
+          FROM (SELECT t.job, t.shard FROM ledger.skip_counts t
+                 WHERE t.job = _start.job AND t.shard = pg_backend_pid() % 16
+                   FOR UPDATE SKIP LOCKED) free_
+         WHERE s.job = free_.job AND s.shard = free_.shard;
+        IF NOT FOUND THEN
+            PERFORM ledger._count_skip(job, wait => CASE v_state WHEN 'held' THEN ledger._lock_wait() ELSE '10ms' END);
         END IF;
         v_result.outcome := 'skipped_overlap';
         v_result.holder := v_lease.owner;
@@ -2187,27 +2604,81 @@ BEGIN
         RETURN v_result;
     END IF;
 
-    -- The same owner still holds it: the new token wins.
-    IF v_running.run_id IS NOT NULL THEN
-        PERFORM ledger._close_run(v_running.run_id, 'superseded', v_now);
-        v_lost := v_lost + 1;
+    IF v_state = 'locked' THEN
+        -- Read the clock once locked: a start that waited for the previous
+        -- run to end must not date itself before that end.
+        v_now := clock_timestamp();
+        -- The previous run, still running while its lease expired, ended
+        -- or went to another token? Its runner is gone or a zombie: close
+        -- it (counted once, in ledger._close_lost).
+        SELECT * INTO v_running FROM ledger.job_execution_log r
+         WHERE r.job = _start.job AND r.status = 'running';
+        IF FOUND AND (v_lease.token <> v_running.token
+                      OR v_lease.released_at IS NOT NULL
+                      OR v_lease.expires_at <= v_now) THEN
+            PERFORM ledger._close_lost(v_running,
+                CASE WHEN v_lease.token <> v_running.token THEN 'superseded' ELSE 'lease_expired' END, v_now);
+            v_running := NULL;
+        END IF;
+        IF (slot IS NOT NULL OR idempotency_key IS NOT NULL)
+           AND ledger._already_done(job, slot, idempotency_key) THEN
+            v_result.outcome := 'already_done';
+            RETURN v_result;
+        END IF;
+        -- The same owner still holds it: the new token wins.
+        IF v_running.run_id IS NOT NULL THEN
+            PERFORM ledger._close_lost(v_running, 'superseded', v_now);
+        END IF;
+        v_timeline := coalesce(v_timeline,
+            ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer);
+        UPDATE ledger.leases l SET
+            owner       = _start.owner,
+            -- ledger._next_token, inline
+            token       = CASE WHEN l.timeline = v_timeline THEN l.token + 1
+                               ELSE greatest(l.token + (1::bigint << 32), ((v_timeline - 1)::bigint << 32) + 1) END,
+            ttl         = _start.ttl,
+            acquired_at = v_now,
+            expires_at  = v_now + _start.ttl,
+            released_at = NULL,
+            timeline    = v_timeline
+         WHERE l.job = _start.job
+        RETURNING * INTO v_lease;
     END IF;
-
-    UPDATE ledger.leases l SET
-        owner       = start_run.owner,
-        token       = ledger._next_token(l.token, l.timeline, v_timeline),
-        ttl         = v_ttl,
-        acquired_at = v_now,
-        expires_at  = v_now + v_ttl,
-        released_at = NULL,
-        timeline    = v_timeline
-     WHERE l.job = start_run.job
-    RETURNING * INTO v_lease;
-    RETURN ledger._insert_run(v_lease, slot, idempotency_key, detail, v_lost);
+    -- 'created' (a job with no lease row has no runs: nothing to check) or
+    -- taken just now: log the running run, count it, note it as the job's
+    -- last and running run.
+    INSERT INTO ledger.job_execution_log
+        (job, owner, token, slot, idempotency_key, status, started_at, heartbeat_at, detail)
+    VALUES (v_lease.job, v_lease.owner, v_lease.token, _start.slot, _start.idempotency_key,
+            'running', v_lease.acquired_at, v_lease.acquired_at, _start.detail)
+    RETURNING run_id INTO v_result.run_id;
+    INSERT INTO ledger.counters AS c (job, runs_started, last_run_id, last_status, last_started_at,
+                                      running_run_id, running_token, running_started_at)
+    VALUES (v_lease.job, 1, v_result.run_id, 'running', v_lease.acquired_at,
+            v_result.run_id, v_lease.token, v_lease.acquired_at)
+    ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
+        runs_started       = c.runs_started + 1,
+        last_run_id        = CASE WHEN c.last_run_id IS NULL
+                                    OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                  THEN excluded.last_run_id ELSE c.last_run_id END,
+        last_status        = CASE WHEN c.last_run_id IS NULL
+                                    OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                  THEN 'running' ELSE c.last_status END,
+        last_completed_at  = CASE WHEN c.last_run_id IS NULL
+                                    OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                  THEN NULL ELSE c.last_completed_at END,
+        last_started_at    = CASE WHEN c.last_run_id IS NULL
+                                    OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                  THEN excluded.last_started_at ELSE c.last_started_at END,
+        running_run_id     = excluded.running_run_id,
+        running_token      = excluded.running_token,
+        running_started_at = excluded.running_started_at;
+    v_result.outcome := 'started';
+    v_result.token := v_lease.token;
+    v_result.expires_at := v_lease.expires_at;
+    RETURN v_result;
 END
 $$;
-COMMENT ON FUNCTION ledger.start_run(text, text, interval, timestamptz, text, jsonb) IS
-    'Check the previous run, take the lease and log a running run, in one transaction';
 
 -- A slot or an idempotency key that succeeded or is running, including
 -- those whose runs purge_log removed (it leaves ledger.purged_slots and
@@ -2236,53 +2707,6 @@ BEGIN
 END
 $$;
 
--- Log a running run under a lease the caller has just taken (and holds
--- locked); count it, with `lost` earlier runs closed on the way.
-CREATE FUNCTION ledger._insert_run(
-    lease ledger.leases, slot timestamptz, idempotency_key text, detail jsonb, lost bigint)
-RETURNS ledger.run_start
-LANGUAGE plpgsql
-VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_result ledger.run_start;
-BEGIN
-    INSERT INTO ledger.job_execution_log
-        (job, owner, token, slot, idempotency_key, status, started_at, heartbeat_at, detail)
-    VALUES (lease.job, lease.owner, lease.token, _insert_run.slot, _insert_run.idempotency_key,
-            'running', lease.acquired_at, lease.acquired_at, _insert_run.detail)
-    RETURNING run_id INTO v_result.run_id;
-    PERFORM ledger._count(lease.job, runs_started => 1, failures => lost, leases_lost => lost);
-    v_result.outcome := 'started';
-    v_result.token := lease.token;
-    v_result.expires_at := lease.expires_at;
-    v_result.slot := slot;
-    RETURN v_result;
-END
-$$;
-
--- Close a running run as failed because its lease was lost. The caller
--- holds the job's lease row lock and does the counting.
-CREATE FUNCTION ledger._close_run(run_id bigint, reason text, at timestamptz)
-RETURNS void
-LANGUAGE plpgsql
-VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    UPDATE ledger.job_execution_log r
-       SET status = 'failure',
-           failure_reason = reason,
-           completed_at = greatest(at, r.started_at),
-           error = CASE reason
-                       WHEN 'superseded' THEN 'lease superseded by a newer token'
-                       ELSE 'lease expired before the run ended'
-                   END
-     WHERE r.run_id = _close_run.run_id AND r.status = 'running';
-END
-$$;
-
 CREATE FUNCTION ledger.heartbeat(run_id bigint, token bigint, ttl interval DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -2300,8 +2724,10 @@ BEGIN
     SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = v_run.job;
 
     IF v_run.status <> 'running' THEN
-        -- Closed by a takeover or the reaper: that is a lost lease, not a misuse.
-        IF v_run.failure_reason IN ('lease_expired', 'superseded') THEN
+        -- Closed by a takeover, the reaper or an operator's cancel request:
+        -- that is a lost lease, not a misuse.
+        IF v_run.failure_reason IN ('lease_expired', 'superseded')
+           OR (v_run.failure_reason = 'cancelled' AND v_run.cancel_requested_at IS NOT NULL) THEN
             RETURN NULL;
         END IF;
         PERFORM ledger._raise_not_running(v_run);
@@ -2309,11 +2735,19 @@ BEGIN
     IF v_lease.token <> v_run.token OR v_lease.released_at IS NOT NULL THEN
         RETURN NULL;
     END IF;
+    -- An operator asked the run to stop (ledger.request_cancel): end it as
+    -- cancelled, release the lease, and tell the holder it lost the lease.
+    IF v_run.cancel_requested_at IS NOT NULL THEN
+        PERFORM ledger._end_run(v_run.run_id, v_run.token, 'failure', 'cancelled',
+                                format('cancelled by an operator (ledger.request_cancel at %s)',
+                                       v_run.cancel_requested_at), NULL);
+        RETURN NULL;
+    END IF;
 
     v_now := clock_timestamp();
     UPDATE ledger.leases l
-       SET expires_at = v_now + coalesce(heartbeat.ttl, l.ttl),
-           ttl        = coalesce(heartbeat.ttl, l.ttl)
+       SET expires_at = v_now + ledger._exact(coalesce(heartbeat.ttl, l.ttl)),
+           ttl        = ledger._exact(coalesce(heartbeat.ttl, l.ttl))
      WHERE l.job = v_run.job
     RETURNING l.expires_at INTO v_lease.expires_at;
     UPDATE ledger.job_execution_log r SET heartbeat_at = v_now WHERE r.run_id = v_run.run_id;
@@ -2370,7 +2804,11 @@ END
 $$;
 
 -- End a run and release its lease in one transaction: the body of
--- complete_run, fail_run and cancel_run.
+-- complete_run, fail_run and cancel_run. The usual case (the run's own live
+-- token, no detail) is one locked read of the lease row and three writes:
+-- the run, the lease, and the job's counters and state (with the job's
+-- pending skips folded in); anything else goes the long way, which raises
+-- the documented error in the documented order.
 CREATE FUNCTION ledger._end_run(
     run_id bigint, token bigint, status text, failure_reason text, error text, detail jsonb)
 RETURNS ledger.job_execution_log
@@ -2379,46 +2817,144 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_run   ledger.job_execution_log;
-    v_lease ledger.leases;
-    v_now   timestamptz;
+    v_job    ledger.label;
+    v_run    ledger.job_execution_log;
+    v_lease  ledger.leases;
+    v_detail jsonb;
+    v_streak bigint;
+    v_error  text := CASE WHEN error IS NULL OR char_length(error) <= ledger._max_error_length() THEN error
+                          ELSE ledger._bounded_error(error) END;
 BEGIN
-    PERFORM ledger._check_detail(detail);
-    v_run := ledger._lock_run(run_id, token);
-    SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = v_run.job;
-
-    -- A newer token took the job over: the zombie learns it lost, and the
-    -- row keeps the takeover's verdict.
-    IF v_lease.token <> v_run.token THEN
-        PERFORM ledger._raise('LD001',
-            format('lease superseded: job %s is now held with token %s, run %s had token %s',
-                   v_run.job, v_lease.token, v_run.run_id, v_run.token),
-            jsonb_build_object('run_id', v_run.run_id, 'job', v_run.job, 'token', v_run.token,
-                               'current_token', v_lease.token, 'holder', v_lease.owner,
-                               'verdict', v_run.failure_reason));
+    IF detail IS NOT NULL THEN
+        PERFORM ledger._check_detail(detail);
     END IF;
-    IF v_run.status <> 'running' THEN
-        PERFORM ledger._raise_not_running(v_run);
+    IF run_id IS NULL OR token IS NULL OR run_id <= 0 OR token <= 0 THEN
+        PERFORM ledger._check_token(run_id, 'run_id');
+        PERFORM ledger._check_token(token);
+    END IF;
+    SELECT r.job INTO v_job FROM ledger.job_execution_log r WHERE r.run_id = _end_run.run_id;
+    IF NOT FOUND THEN
+        PERFORM ledger._raise('LD004', format('run not found: %s', run_id),
+            jsonb_build_object('run_id', run_id));
+    END IF;
+    -- The per-job order every writer follows: the lease row first.
+    SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = v_job FOR UPDATE;
+
+    IF detail IS NULL THEN
+        UPDATE ledger.job_execution_log r SET
+            status         = _end_run.status,
+            failure_reason = _end_run.failure_reason,
+            error          = v_error,
+            completed_at   = greatest(clock_timestamp(), r.started_at)
+         WHERE r.run_id = _end_run.run_id AND r.token = _end_run.token
+           AND r.token = v_lease.token AND r.status = 'running'
+        RETURNING * INTO v_run;
+    END IF;
+    IF v_run.run_id IS NULL THEN
+        SELECT * INTO v_run FROM ledger.job_execution_log r WHERE r.run_id = _end_run.run_id;
+        IF v_run.token <> token THEN
+            PERFORM ledger._raise('LD001',
+                format('lease superseded: run %s holds token %s, not %s', run_id, v_run.token, token),
+                jsonb_build_object('run_id', run_id, 'job', v_run.job, 'token', token,
+                                   'run_token', v_run.token));
+        END IF;
+        -- A newer token took the job over: the zombie learns it lost, and the
+        -- row keeps the takeover's verdict.
+        IF v_lease.token <> v_run.token THEN
+            PERFORM ledger._raise('LD001',
+                format('lease superseded: job %s is now held with token %s, run %s had token %s',
+                       v_run.job, v_lease.token, v_run.run_id, v_run.token),
+                jsonb_build_object('run_id', v_run.run_id, 'job', v_run.job, 'token', v_run.token,
+                                   'current_token', v_lease.token, 'holder', v_lease.owner,
+                                   'verdict', v_run.failure_reason));
+        END IF;
+        IF v_run.status <> 'running' THEN
+            PERFORM ledger._raise_not_running(v_run);
+        END IF;
+        -- The detail recorded is the start's merged with this one (its keys
+        -- win), and the merge is held to the same bound as either part: two
+        -- details of 40 kB each would otherwise record 80 kB.
+        IF detail IS NOT NULL THEN
+            v_detail := coalesce(v_run.detail, '{}'::jsonb) || detail;
+            IF octet_length(v_detail::text) > ledger._max_detail_bytes() THEN
+                RAISE EXCEPTION USING ERRCODE = '22023',
+                    MESSAGE = format('argument detail, merged with the detail run %s started with, must be at most '
+                                     '%s bytes as JSON text', v_run.run_id, ledger._max_detail_bytes()),
+                    DETAIL = jsonb_build_object('argument', 'detail', 'run_id', v_run.run_id,
+                                                'bytes', octet_length(v_detail::text),
+                                                'given_bytes', octet_length(detail::text),
+                                                'recorded_bytes', octet_length(v_run.detail::text),
+                                                'max', ledger._max_detail_bytes())::text;
+            END IF;
+        END IF;
+        UPDATE ledger.job_execution_log r SET
+            status         = _end_run.status,
+            failure_reason = _end_run.failure_reason,
+            error          = v_error,
+            completed_at   = greatest(clock_timestamp(), r.started_at),
+            detail         = coalesce(v_detail, r.detail)
+         WHERE r.run_id = v_run.run_id
+        RETURNING * INTO v_run;
     END IF;
 
-    v_now := greatest(clock_timestamp(), v_run.started_at);
-    UPDATE ledger.job_execution_log r SET
-        status         = _end_run.status,
-        failure_reason = _end_run.failure_reason,
-        error          = ledger._bounded_error(_end_run.error),
-        completed_at   = v_now,
-        detail         = CASE WHEN _end_run.detail IS NULL THEN r.detail
-                              ELSE coalesce(r.detail, '{}'::jsonb) || _end_run.detail END
-     WHERE r.run_id = v_run.run_id
-    RETURNING * INTO v_run;
     -- The token stays: it is the job's high-water mark.
     UPDATE ledger.leases l
-       SET expires_at = least(l.expires_at, v_now), released_at = v_now
+       SET expires_at = least(l.expires_at, v_run.completed_at), released_at = v_run.completed_at
      WHERE l.job = v_run.job AND l.released_at IS NULL;
-    IF status = 'success' THEN
-        PERFORM ledger._count(v_run.job, successes => 1);
-    ELSE
-        PERFORM ledger._count(v_run.job, failures => 1);
+    -- Count once, note the job's state, and fold in the skips counted since
+    -- (those whose rows no skipper holds right now; the rest wait for the
+    -- next end).
+    WITH folded AS (
+        UPDATE ledger.skip_counts s SET skipped_overlap = 0
+          FROM (SELECT t.job, t.shard, t.skipped_overlap FROM ledger.skip_counts t
+                 WHERE t.job = v_run.job AND t.skipped_overlap > 0
+                   FOR UPDATE SKIP LOCKED) pending
+         WHERE s.job = pending.job AND s.shard = pending.shard
+        RETURNING pending.skipped_overlap
+    )
+    UPDATE ledger.counters c SET
+        successes               = c.successes + CASE WHEN v_run.status = 'success' THEN 1 ELSE 0 END,
+        failures                = c.failures + CASE WHEN v_run.status = 'success' THEN 0 ELSE 1 END,
+        skipped_overlap         = c.skipped_overlap + coalesce((SELECT sum(f.skipped_overlap) FROM folded f), 0),
+        last_status             = CASE WHEN c.last_run_id = v_run.run_id THEN v_run.status ELSE c.last_status END,
+        last_completed_at       = CASE WHEN c.last_run_id = v_run.run_id THEN v_run.completed_at
+                                       ELSE c.last_completed_at END,
+        running_run_id          = CASE WHEN c.running_run_id = v_run.run_id THEN NULL ELSE c.running_run_id END,
+        running_token           = CASE WHEN c.running_run_id = v_run.run_id THEN NULL ELSE c.running_token END,
+        running_started_at      = CASE WHEN c.running_run_id = v_run.run_id THEN NULL ELSE c.running_started_at END,
+        last_success_started_at = CASE WHEN v_run.status = 'success'
+                                        AND v_run.started_at >= coalesce(c.last_success_started_at, '-infinity')
+                                       THEN v_run.started_at ELSE c.last_success_started_at END,
+        last_success_at         = CASE WHEN v_run.status = 'success'
+                                        AND v_run.started_at >= coalesce(c.last_success_started_at, '-infinity')
+                                       THEN v_run.completed_at ELSE c.last_success_at END,
+        done_slot               = CASE WHEN v_run.status = 'success' AND v_run.slot IS NOT NULL
+                                       THEN greatest(c.done_slot, v_run.slot) ELSE c.done_slot END,
+        longest_success         = CASE WHEN v_run.status = 'success'
+                                       THEN greatest(c.longest_success, v_run.completed_at - v_run.started_at)
+                                       ELSE c.longest_success END,
+        -- failures that started after the last success: none after this one
+        consecutive_failures    = CASE
+                                      WHEN v_run.status <> 'success'
+                                      THEN c.consecutive_failures
+                                           + CASE WHEN v_run.started_at > coalesce(c.last_success_started_at, '-infinity')
+                                                  THEN 1 ELSE 0 END
+                                      WHEN v_run.started_at >= coalesce(c.last_success_started_at, '-infinity')
+                                      THEN 0
+                                      ELSE c.consecutive_failures END
+     WHERE c.job = v_run.job
+    RETURNING c.consecutive_failures INTO v_streak;
+    IF NOT FOUND THEN
+        -- A run written past the functions, with no counters row yet.
+        PERFORM ledger._count(v_run.job, successes => CASE WHEN v_run.status = 'success' THEN 1 ELSE 0 END,
+                              failures => CASE WHEN v_run.status = 'success' THEN 0 ELSE 1 END);
+        PERFORM ledger._refresh_state(ARRAY[v_run.job]);
+        SELECT c.consecutive_failures INTO v_streak FROM ledger.counters c WHERE c.job = v_run.job;
+    END IF;
+    -- A failure may pause the job (pause_after_failures): one more statement
+    -- on the failure path only, none on a success.
+    IF v_run.status = 'failure' THEN
+        PERFORM ledger._auto_pause(v_run.job, v_streak, v_run.completed_at);
     END IF;
     RETURN v_run;
 END
@@ -2479,6 +3015,7 @@ AS $$
 DECLARE
     v_now    timestamptz := clock_timestamp();
     v_closed bigint;
+    v_jobs   text[];
 BEGIN
     PERFORM ledger._check_label(job, 'job', false);
     -- SKIP LOCKED: a job whose lease row is locked is being started, renewed
@@ -2502,20 +3039,40 @@ BEGIN
           FROM lost
          WHERE r.job = lost.job AND r.status = 'running'
            AND (lost.token <> r.token OR lost.released_at IS NOT NULL OR lost.expires_at <= v_now)
-        RETURNING r.job, r.token, r.failure_reason
+        RETURNING r.job, r.token, r.failure_reason, r.run_id, r.started_at, r.completed_at
     ), released AS (
         -- A reaped lease is over: its late holder may not renew it.
         UPDATE ledger.leases l SET released_at = v_now, expires_at = least(l.expires_at, v_now)
           FROM closed
          WHERE l.job = closed.job AND l.token = closed.token AND l.released_at IS NULL
     ), counted AS (
-        INSERT INTO ledger.counters AS c (job, failures, leases_lost)
-        SELECT closed.job, count(*), count(*) FROM closed GROUP BY closed.job
+        -- One closed run per job at most (one running run per job): count
+        -- it and note it in the job's state, as ledger._close_lost does.
+        INSERT INTO ledger.counters AS c (job, failures, leases_lost, consecutive_failures,
+                                          last_run_id, last_status, last_started_at, last_completed_at)
+        SELECT closed.job, 1, 1, 1, closed.run_id, 'failure', closed.started_at, closed.completed_at FROM closed
         ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
-            failures    = c.failures + excluded.failures,
-            leases_lost = c.leases_lost + excluded.leases_lost
+            failures             = c.failures + 1,
+            leases_lost          = c.leases_lost + 1,
+            consecutive_failures = c.consecutive_failures
+                                   + CASE WHEN excluded.last_started_at > coalesce(c.last_success_started_at, '-infinity')
+                                          THEN 1 ELSE 0 END,
+            last_status          = CASE WHEN c.last_run_id = excluded.last_run_id THEN 'failure' ELSE c.last_status END,
+            last_completed_at    = CASE WHEN c.last_run_id = excluded.last_run_id THEN excluded.last_completed_at
+                                        ELSE c.last_completed_at END,
+            running_run_id       = CASE WHEN c.running_run_id = excluded.last_run_id THEN NULL ELSE c.running_run_id END,
+            running_token        = CASE WHEN c.running_run_id = excluded.last_run_id THEN NULL ELSE c.running_token END,
+            running_started_at   = CASE WHEN c.running_run_id = excluded.last_run_id THEN NULL
+                                        ELSE c.running_started_at END
     )
-    SELECT count(*) INTO v_closed FROM closed;
+    SELECT count(*), array_agg(closed.job::text) INTO v_closed, v_jobs FROM closed;
+    IF v_jobs IS NOT NULL THEN
+        -- The failures just counted may pause their jobs (pause_after_failures).
+        UPDATE ledger.jobs j SET paused = true, paused_at = v_now, pause_reason = 'failures', updated_at = v_now
+          FROM ledger.counters c
+         WHERE c.job = j.job AND j.job = ANY (v_jobs) AND NOT j.paused
+           AND c.consecutive_failures >= j.pause_after_failures;
+    END IF;
     RETURN v_closed::integer;
 END
 $$;
@@ -2648,12 +3205,47 @@ BEGIN
 END
 $$;
 
+-- A health bound argument (late_after, down_after, min_runtime,
+-- max_runtime) when given: 0 (clear it), or an exact positive duration of
+-- at most 365 days.
+CREATE FUNCTION ledger._check_health_bound(value interval, arg text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL OR (date_trunc('month', value) = interval '0' AND extract(day FROM value) = 0
+                         AND value - date_trunc('day', value) = interval '0') THEN
+        RETURN;
+    END IF;
+    IF date_trunc('month', value) <> interval '0' OR value <= interval '0' OR value > ledger._max_health_bound()
+       OR date_trunc('day', value) < interval '0' OR value - date_trunc('day', value) < interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument %s must be 0 (none) or an exact duration with no month part and no '
+                             'negative part, at most %s', arg, ledger._max_health_bound()),
+            DETAIL = jsonb_build_object('argument', arg, 'value', value::text,
+                                        'max', ledger._max_health_bound()::text)::text;
+    END IF;
+END
+$$;
+
+-- Register a job, or change the options given of one registered before:
+-- an argument left NULL keeps what the job has (on a first registration:
+-- no schedule, no ttl, max_backfill 1, UTC, no health bounds). A bound of
+-- 0 clears it. Re-registering resets nothing else: not the pause, not the
+-- history, not the counters.
 CREATE FUNCTION ledger.register_job(
     job text,
     schedule text DEFAULT NULL,
     ttl interval DEFAULT NULL,
-    max_backfill integer DEFAULT 1,
-    time_zone text DEFAULT 'UTC')
+    max_backfill integer DEFAULT NULL,
+    time_zone text DEFAULT NULL,
+    late_after interval DEFAULT NULL,
+    down_after interval DEFAULT NULL,
+    min_runtime interval DEFAULT NULL,
+    max_runtime interval DEFAULT NULL,
+    pause_after_failures integer DEFAULT NULL)
 RETURNS ledger.jobs
 LANGUAGE plpgsql
 VOLATILE
@@ -2661,41 +3253,102 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_spec ledger.schedule_spec;
-    v_job  ledger.jobs;
+    v_spec  ledger.schedule_spec;
+    v_old   ledger.jobs;
+    v_job   ledger.jobs;
+    v_ahead timestamptz;  -- the newest slot done
+    v_new   boolean;
 BEGIN
     PERFORM ledger._check_label(job, 'job');
-    IF max_backfill IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument max_backfill must not be null';
-    ELSIF max_backfill < 1 OR max_backfill > ledger._max_backfill() THEN
+    IF max_backfill < 1 OR max_backfill > ledger._max_backfill() THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('argument max_backfill must be from 1 to %s', ledger._max_backfill()),
             DETAIL = jsonb_build_object('argument', 'max_backfill', 'value', max_backfill,
                                         'max', ledger._max_backfill())::text;
     END IF;
     PERFORM ledger._check_ttl(ttl);
-    PERFORM ledger._check_time_zone(time_zone);
-    IF schedule IS NOT NULL THEN
-        v_spec := ledger._parse_schedule(schedule, time_zone);  -- parsed once, here
+    IF time_zone IS NOT NULL THEN
+        PERFORM ledger._check_time_zone(time_zone);
+    END IF;
+    PERFORM ledger._check_health_bound(late_after, 'late_after');
+    PERFORM ledger._check_health_bound(down_after, 'down_after');
+    PERFORM ledger._check_health_bound(min_runtime, 'min_runtime');
+    PERFORM ledger._check_health_bound(max_runtime, 'max_runtime');
+    IF pause_after_failures < 0 OR pause_after_failures > ledger._max_pause_after_failures() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument pause_after_failures must be from 0 (never) to %s',
+                             ledger._max_pause_after_failures()),
+            DETAIL = jsonb_build_object('argument', 'pause_after_failures', 'value', pause_after_failures,
+                                        'max', ledger._max_pause_after_failures())::text;
     END IF;
 
-    INSERT INTO ledger.jobs AS j
-        (job, schedule, time_zone, ttl, max_backfill, schedule_spec)
-    VALUES (register_job.job, register_job.schedule, register_job.time_zone, register_job.ttl,
-            register_job.max_backfill, v_spec)
-    ON CONFLICT ON CONSTRAINT jobs_pkey DO UPDATE SET
-        schedule      = excluded.schedule,
-        time_zone     = excluded.time_zone,
-        ttl           = excluded.ttl,
-        max_backfill  = excluded.max_backfill,
-        schedule_spec = excluded.schedule_spec,
-        updated_at    = clock_timestamp()
+    -- The registration as it is, locked (a first one: created, then locked).
+    SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR UPDATE;
+    v_new := NOT FOUND;
+    IF v_new THEN
+        INSERT INTO ledger.jobs AS j (job) VALUES (register_job.job)
+        ON CONFLICT ON CONSTRAINT jobs_pkey DO NOTHING;
+        SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR UPDATE;
+    END IF;
+    v_job := v_old;
+    v_job.schedule := coalesce(register_job.schedule, v_old.schedule);
+    v_job.time_zone := coalesce(register_job.time_zone, v_old.time_zone);
+    v_job.ttl := coalesce(ledger._exact(register_job.ttl), v_old.ttl);
+    v_job.max_backfill := coalesce(register_job.max_backfill, v_old.max_backfill);
+    v_job.late_after := CASE WHEN register_job.late_after IS NULL THEN v_old.late_after
+                             ELSE nullif(ledger._exact(register_job.late_after), interval '0') END;
+    v_job.down_after := CASE WHEN register_job.down_after IS NULL THEN v_old.down_after
+                             ELSE nullif(ledger._exact(register_job.down_after), interval '0') END;
+    v_job.min_runtime := CASE WHEN register_job.min_runtime IS NULL THEN v_old.min_runtime
+                              ELSE nullif(ledger._exact(register_job.min_runtime), interval '0') END;
+    v_job.max_runtime := CASE WHEN register_job.max_runtime IS NULL THEN v_old.max_runtime
+                              ELSE nullif(ledger._exact(register_job.max_runtime), interval '0') END;
+    v_job.pause_after_failures := CASE WHEN register_job.pause_after_failures IS NULL THEN v_old.pause_after_failures
+                                       ELSE nullif(register_job.pause_after_failures, 0) END;
+    IF v_job.schedule IS NOT NULL THEN
+        -- parsed once, here: the spec depends on the schedule and the zone
+        v_spec := ledger._parse_schedule(v_job.schedule, v_job.time_zone);
+    END IF;
+    IF register_job.schedule IS NOT NULL THEN
+        -- An unscheduled job takes any slot, also one years ahead. Catch-up
+        -- starts after the newest slot done (ledger._newest_done_slot, and
+        -- ledger.purged_slots answers already_done up to its mark), so a
+        -- schedule given now would have nothing due until that slot passed:
+        -- the job would fall silent without an alert. Refuse it instead.
+        v_ahead := greatest(
+            (SELECT max(r.slot) FROM ledger.job_execution_log r
+              WHERE r.job = register_job.job AND r.status IN ('running', 'success')),
+            (SELECT p.done_through FROM ledger.purged_slots p WHERE p.job = register_job.job));
+        IF v_ahead > clock_timestamp() THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('argument schedule cannot be given to job %s: its slot %s succeeded or is running, '
+                                 'and is in the future, so no slot would be due before it; register the schedule '
+                                 'once that slot has passed, or under another job name', job, v_ahead),
+                DETAIL = jsonb_build_object('argument', 'schedule', 'job', job, 'value', schedule,
+                                            'slot', v_ahead, 'now', clock_timestamp())::text;
+        END IF;
+    END IF;
+
+    UPDATE ledger.jobs j SET
+        schedule             = v_job.schedule,
+        time_zone            = v_job.time_zone,
+        ttl                  = v_job.ttl,
+        max_backfill         = v_job.max_backfill,
+        schedule_spec        = v_spec,
+        late_after           = v_job.late_after,
+        down_after           = v_job.down_after,
+        min_runtime          = v_job.min_runtime,
+        max_runtime          = v_job.max_runtime,
+        pause_after_failures = v_job.pause_after_failures,
+        updated_at           = CASE WHEN v_new THEN j.updated_at ELSE clock_timestamp() END
+     WHERE j.job = register_job.job
     RETURNING * INTO v_job;
     RETURN v_job;
 END
 $$;
-COMMENT ON FUNCTION ledger.register_job(text, text, interval, integer, text) IS
-    'Register or update a job: schedule (interval or cron), default ttl, catch-up bound, time zone';
+COMMENT ON FUNCTION ledger.register_job(text, text, interval, integer, text, interval, interval, interval,
+                                        interval, integer) IS
+    'Register a job or change the options given: schedule, default ttl, catch-up bound, time zone, health bounds';
 
 -- Set a registered job's pause flag: true when that changed it (LD005 when
 -- the job was never registered). The body of pause_job and resume_job.
@@ -2708,7 +3361,10 @@ AS $$
 BEGIN
     PERFORM ledger._check_label(job, 'job');
     PERFORM ledger._registered_job(job);
-    UPDATE ledger.jobs j SET paused = _set_paused.paused, updated_at = clock_timestamp()
+    UPDATE ledger.jobs j SET paused       = _set_paused.paused,
+                             paused_at    = CASE WHEN _set_paused.paused THEN clock_timestamp() END,
+                             pause_reason = CASE WHEN _set_paused.paused THEN 'operator' END,
+                             updated_at   = clock_timestamp()
      WHERE j.job = _set_paused.job AND j.paused <> _set_paused.paused;
     RETURN FOUND;
 END
@@ -2772,16 +3428,33 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_job    ledger.jobs;
+    v_ttl    interval;
     v_due    timestamptz[];
     v_result ledger.run_start;
     v_lower  timestamptz;
     v_last   timestamptz;
     v_count  bigint;
 BEGIN
-    PERFORM ledger._check_label(job, 'job');
-    PERFORM ledger._check_label(owner, 'owner');
-    v_job := ledger._scheduled_job(job);
-    PERFORM ledger._resolve_ttl(job, ttl);
+    -- Checked once, read once: the start path (ledger._start) is shared with
+    -- start_run, and a due slot is a slot of the schedule by construction.
+    IF job IS NULL OR owner IS NULL
+       OR NOT (char_length(job) BETWEEN 1 AND 200 AND ledger._is_visible_text(job)
+               AND char_length(owner) BETWEEN 1 AND 200 AND ledger._is_visible_text(owner)) THEN
+        PERFORM ledger._check_label(job, 'job');
+        PERFORM ledger._check_label(owner, 'owner');
+    END IF;
+    SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = start_due_run.job;
+    IF v_job.schedule IS NULL THEN
+        v_job := ledger._scheduled_job(job);  -- raises LD005 or 22023
+    END IF;
+    v_ttl := coalesce(ttl, v_job.ttl);
+    IF v_ttl IS NULL OR v_ttl <= interval '0' OR v_ttl > ledger._max_ttl()
+       OR date_trunc('month', v_ttl) <> interval '0' OR date_trunc('day', v_ttl) < interval '0'
+       OR v_ttl - date_trunc('day', v_ttl) < interval '0' THEN
+        v_ttl := ledger._resolve_ttl(job, v_ttl);  -- raises the documented 22023
+    ELSIF extract(day FROM v_ttl) <> 0 THEN
+        v_ttl := ledger._exact(v_ttl);
+    END IF;
     IF v_job.paused THEN
         v_result.outcome := 'paused';
         RETURN v_result;
@@ -2792,7 +3465,7 @@ BEGIN
         v_result.outcome := 'nothing_due';
         RETURN v_result;
     END IF;
-    v_result := ledger.start_run(job, owner, ttl, slot => v_due[1]);
+    v_result := ledger._start(job, owner, v_ttl, v_due[1], NULL, NULL);
     IF v_result.outcome <> 'started' THEN
         RETURN v_result;
     END IF;
@@ -2814,7 +3487,8 @@ BEGIN
         INSERT INTO ledger.skipped_slots (job, first_slot, last_slot, slot_count, reason)
         VALUES (job, ledger._slot_after(v_job.schedule_spec, v_job.time_zone, v_lower), v_last,
                 v_count, 'backfill_limit');
-        PERFORM ledger._count(job, skipped_backfill => v_count);
+        UPDATE ledger.counters c SET skipped_backfill = c.skipped_backfill + v_count
+         WHERE c.job = start_due_run.job;
     END IF;
     RETURN v_result;
 END
@@ -2822,6 +3496,11 @@ $$;
 COMMENT ON FUNCTION ledger.start_due_run(text, text, interval) IS
     'Start a run for the oldest due slot, recording the slots the catch-up bound drops; nothing_due when none';
 
+-- In bounded batches: one DELETE per range of 10,000 run ids, in run id
+-- order, so that no statement holds more than a batch of
+-- row locks or scans more than a batch of rows, and the job state of the
+-- jobs a batch touched is recomputed from what is left (ledger._refresh_state).
+-- One transaction: what it removed is gone, or nothing is.
 CREATE FUNCTION ledger.purge_log(older_than interval)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -2831,48 +3510,77 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_cutoff  timestamptz;
-    v_deleted bigint;
+    v_deleted bigint := 0::bigint;
+    v_from    bigint;
+    v_last    bigint;
+    v_jobs    text[];
+    v_count   bigint;
+    batch     constant integer := 10000;  -- run ids per DELETE
 BEGIN
     IF older_than IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument older_than must not be null';
     END IF;
     PERFORM ledger._check_duration(older_than, 'older_than', ledger._max_older_than());
-    v_cutoff := clock_timestamp() - older_than;
+    v_cutoff := clock_timestamp() - ledger._exact(older_than);  -- exact: not the session's TimeZone's
 
-    -- Keep each job's newest success, by slot (catch-up starts from it) and
-    -- by time (job_status shows it).
-    WITH keep AS (
-        SELECT newest.run_id
-          FROM (SELECT DISTINCT job FROM ledger.job_execution_log) jobs_,
-               LATERAL (
-                   (SELECT r.run_id FROM ledger.job_execution_log r
-                     WHERE r.job = jobs_.job AND r.status = 'success' AND r.slot IS NOT NULL
-                     ORDER BY r.slot DESC LIMIT 1)
-                   UNION ALL
-                   (SELECT r.run_id FROM ledger.job_execution_log r
-                     WHERE r.job = jobs_.job AND r.status = 'success'
-                     ORDER BY r.completed_at DESC LIMIT 1)) newest
-    ), purged AS (
-        DELETE FROM ledger.job_execution_log r
-         WHERE r.status <> 'running'
-           AND r.completed_at < v_cutoff
-           AND r.run_id NOT IN (SELECT keep.run_id FROM keep)
-        RETURNING r.run_id, r.job, r.slot, r.idempotency_key, r.status, r.completed_at
-    ), slots_done AS (
-        -- What a purge must not forget: the slots and keys that succeeded.
-        INSERT INTO ledger.purged_slots AS p (job, done_through)
-        SELECT purged.job, max(purged.slot) FROM purged
-         WHERE purged.status = 'success' AND purged.slot IS NOT NULL
-         GROUP BY purged.job
-        ON CONFLICT ON CONSTRAINT purged_slots_pkey DO UPDATE SET
-            done_through = greatest(p.done_through, excluded.done_through)
-    ), keys_done AS (
-        INSERT INTO ledger.purged_keys (job, idempotency_key, run_id, completed_at)
-        SELECT purged.job, purged.idempotency_key, purged.run_id, purged.completed_at FROM purged
-         WHERE purged.status = 'success' AND purged.idempotency_key IS NOT NULL
-        ON CONFLICT ON CONSTRAINT purged_keys_pkey DO NOTHING
-    )
-    SELECT count(*) INTO v_deleted FROM purged;
+    SELECT min(r.run_id), max(r.run_id) INTO v_from, v_last FROM ledger.job_execution_log r;
+    WHILE v_from <= v_last LOOP
+        -- Keep each job's newest success, by slot (catch-up starts from it)
+        -- and by time (job_status shows it): for the jobs of this range only.
+        WITH candidates AS (
+            SELECT r.run_id, r.job FROM ledger.job_execution_log r
+             WHERE r.run_id >= v_from AND r.run_id < v_from + batch
+               AND r.status <> 'running' AND r.completed_at < v_cutoff
+        ), keep AS (
+            SELECT newest.run_id
+              FROM (SELECT DISTINCT candidates.job FROM candidates) jobs_,
+                   LATERAL (
+                       (SELECT r.run_id FROM ledger.job_execution_log r
+                         WHERE r.job = jobs_.job AND r.status = 'success' AND r.slot IS NOT NULL
+                         ORDER BY r.slot DESC LIMIT 1)
+                       UNION ALL
+                       (SELECT r.run_id FROM ledger.job_execution_log r
+                         WHERE r.job = jobs_.job AND r.status = 'success'
+                         ORDER BY r.completed_at DESC LIMIT 1)) newest
+        ), purged AS (
+            DELETE FROM ledger.job_execution_log r
+             USING candidates
+             WHERE r.run_id = candidates.run_id
+               AND r.run_id NOT IN (SELECT keep.run_id FROM keep WHERE keep.run_id IS NOT NULL)
+            RETURNING r.run_id, r.job, r.slot, r.idempotency_key, r.status, r.started_at, r.completed_at
+        ), slots_done AS (
+            -- What a purge must not forget: the slots and keys that succeeded.
+            INSERT INTO ledger.purged_slots AS p (job, done_through)
+            SELECT purged.job, max(purged.slot) FROM purged
+             WHERE purged.status = 'success' AND purged.slot IS NOT NULL
+             GROUP BY purged.job
+            ON CONFLICT ON CONSTRAINT purged_slots_pkey DO UPDATE SET
+                done_through = greatest(p.done_through, excluded.done_through)
+        ), keys_done AS (
+            INSERT INTO ledger.purged_keys (job, idempotency_key, run_id, completed_at)
+            SELECT purged.job, purged.idempotency_key, purged.run_id, purged.completed_at FROM purged
+             WHERE purged.status = 'success' AND purged.idempotency_key IS NOT NULL
+            ON CONFLICT ON CONSTRAINT purged_keys_pkey DO NOTHING
+        )
+        -- The jobs whose state the removed rows were part of: their last
+        -- run, their longest success, or a failure since their last success
+        -- (the newest successes stay, and so do running runs).
+        SELECT count(*),
+               array_agg(DISTINCT purged.job::text)
+                   FILTER (WHERE c.job IS NULL OR purged.run_id = c.last_run_id
+                              OR (purged.status = 'success'
+                                  AND (purged.completed_at - purged.started_at >= c.longest_success
+                                       OR purged.started_at >= c.last_success_started_at))
+                              OR (purged.status = 'failure'
+                                  AND purged.started_at > coalesce(c.last_success_started_at, '-infinity')))
+          INTO v_count, v_jobs
+          FROM purged LEFT JOIN ledger.counters c ON c.job = purged.job;
+        v_deleted := v_deleted + v_count;
+        IF v_jobs IS NOT NULL THEN
+            PERFORM ledger._refresh_state(v_jobs);
+        END IF;
+        v_from := v_from + batch;
+    END LOOP;
 
     -- Old drop records too, except each job's newest (catch-up starts after it).
     DELETE FROM ledger.skipped_slots s
@@ -2882,19 +3590,492 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION ledger.purge_log(interval) IS
-    'Delete ended runs older than that, never a job''s newest success; returns how many';
+    'Delete ended runs older than that, never a job''s newest success, in batches of run ids; returns how many';
+-- Schedule preview: the next slots of a registered job (next_slots) or of a
+-- schedule not registered yet (preview_slots), each with its wall clock, its
+-- UTC offset and a note on the daylight-saving change near it. The slots are
+-- the evaluator's own (ledger._slot_after, 15_schedule_eval.sql), so a
+-- preview shows what the ledger will do, gap rule included; nothing is
+-- enumerated but the slots shown. Read-only: granted to ledger_reader too
+-- (90_privileges.sql).
+--
+-- The note (dst_change) is NULL unless the UTC offset changes on the slot's
+-- local day, or differs from the previous slot's (for the first slot: the
+-- offset at `after`). Then it names the change, with its date when that is
+-- not the slot's day:
+--   'spring forward: 02:00-03:00 skipped'   the wall clock jumps: those
+--                                           local times do not exist;
+--   'fall back: 02:00-03:00 twice'          it goes back: they come twice;
+-- and, for a fixed cron expression (15_schedule_eval.sql), what the change
+-- does to this slot: '02:30 runs at 03:00' (a time in the gap fires at its
+-- end; several merge into that one slot), '02:30 runs once, the first time'
+-- (a repeated time fires at its first occurrence). A wildcard expression's
+-- times in the gap are skipped, and in the repeated hour it fires twice: the
+-- two rows differ by their utc_offset.
+
+CREATE TYPE ledger.schedule_slot AS (
+    slot        timestamptz,   -- the slot, as start_due_run would start it
+    local_time  timestamp,     -- its wall clock in the schedule's time zone
+    utc_offset  interval,      -- local_time - UTC at the slot
+    dst_change  text           -- NULL, or the daylight-saving note above
+);
+
+-- The count argument of the previews: 1 to ledger._max_preview_slots().
+CREATE FUNCTION ledger._check_preview_count(count integer)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF count IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument count must not be null';
+    ELSIF count < 1 OR count > ledger._max_preview_slots() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument count must be from 1 to %s', ledger._max_preview_slots()),
+            DETAIL = jsonb_build_object('argument', 'count', 'value', count,
+                                        'max', ledger._max_preview_slots())::text;
+    END IF;
+END
+$$;
+
+-- The UTC offset of time_zone at an instant (positive east of Greenwich).
+CREATE FUNCTION ledger._utc_offset(time_zone text, at timestamptz)
+RETURNS interval
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (at AT TIME ZONE time_zone) - (at AT TIME ZONE 'UTC');
+END
+$$;
+
+-- A wall clock as the notes write it: '02:00', '02:00:30' off the minute,
+-- and with its date ('2011-12-31 00:00') when that is not `day`, the day
+-- the note is about (a jump of a whole day, as Pacific/Apia's in 2011).
+CREATE FUNCTION ledger._clock_text(local_time timestamp, day date)
+RETURNS text
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN to_char(local_time, CASE WHEN local_time::date <> day THEN 'YYYY-MM-DD ' ELSE '' END
+                               || CASE WHEN date_trunc('minute', local_time) = local_time THEN 'HH24:MI'
+                                       ELSE 'HH24:MI:SS' END);
+END
+$$;
+
+-- A stretch of wall clock: '02:00-03:00', or '00:00 to 2011-12-31 00:00'
+-- when the end is on another day.
+CREATE FUNCTION ledger._clock_range(from_time timestamp, to_time timestamp, day date)
+RETURNS text
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN ledger._clock_text(from_time, day)
+        || CASE WHEN from_time::date = to_time::date THEN '-' ELSE ' to ' END
+        || ledger._clock_text(to_time, day);
+END
+$$;
+
+-- The note of a slot (see the top of this file): the UTC offset change on the
+-- slot's local day, else the newest one since the previous slot, else NULL.
+-- A local day holds at most one change and a 144-hour stretch too (the tz
+-- data assumptions of 15_schedule_eval.sql), so each is found by comparing
+-- the offsets at the two ends and a binary search (ledger._transition).
+CREATE FUNCTION ledger._dst_note(spec ledger.schedule_spec, time_zone text, previous timestamptz, slot timestamptz)
+RETURNS text
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_probe       CONSTANT interval := interval '144 hours';   -- at most one change in a stretch this long
+    v_just_before CONSTANT interval := interval '1 microsecond';
+    v_most_merged CONSTANT integer := 2;                       -- merged times named one by one, up to this
+    v_local       timestamp := slot AT TIME ZONE time_zone;
+    v_instants    record;
+    v_day_from    timestamptz;   -- just before the slot's local day starts
+    v_day_to      timestamptz;   -- just before the next one starts
+    v_low         timestamptz;
+    v_high        timestamptz;
+    v_transition  timestamptz;
+    v_before      interval;      -- the offsets either side of the change
+    v_after       interval;
+    v_from_clock  timestamp;     -- the wall clock jumps from this...
+    v_to_clock    timestamp;     -- ...to this
+    v_note        text;
+    v_first       timestamp;     -- fixed cron: the first and last matching times merged into the slot
+    v_last        timestamp;
+    v_merged      bigint;
+    v_day         date;          -- the day the note is about: the slot's, or the change's when another
+BEGIN
+    IF ledger._is_utc(time_zone) THEN
+        RETURN NULL;
+    END IF;
+    v_instants := ledger._local_instants(time_zone, v_local::date::timestamp);
+    v_day_from := coalesce(v_instants.first_at, v_instants.gap_end) - v_just_before;
+    v_instants := ledger._local_instants(time_zone, (v_local::date + 1)::timestamp);
+    v_day_to := coalesce(v_instants.first_at, v_instants.gap_end) - v_just_before;
+    IF ledger._utc_offset(time_zone, v_day_from) <> ledger._utc_offset(time_zone, v_day_to) THEN
+        v_transition := ledger._transition(time_zone, v_day_from, v_day_to);
+    ELSIF ledger._utc_offset(time_zone, previous) <> ledger._utc_offset(time_zone, slot) THEN
+        -- the newest change in (previous, slot], stretch by stretch backwards
+        v_high := slot;
+        FOR turn IN 1 .. 100000 LOOP
+            v_low := greatest(previous, v_high - v_probe);
+            EXIT WHEN ledger._utc_offset(time_zone, v_low) <> ledger._utc_offset(time_zone, v_high);
+            v_high := v_low;
+        END LOOP;
+        v_transition := ledger._transition(time_zone, v_low, v_high);
+    ELSE
+        RETURN NULL;
+    END IF;
+
+    v_before := ledger._utc_offset(time_zone, v_transition - v_just_before);
+    v_after := ledger._utc_offset(time_zone, v_transition);
+    v_from_clock := (v_transition AT TIME ZONE 'UTC') + v_before;
+    v_to_clock := (v_transition AT TIME ZONE 'UTC') + v_after;
+    v_day := CASE WHEN v_after > v_before THEN v_from_clock::date ELSE v_to_clock::date END;
+    IF v_after > v_before THEN
+        v_note := format('spring forward%s: %s skipped',
+                         CASE WHEN v_day <> v_local::date THEN ' on ' || v_day END,
+                         ledger._clock_range(v_from_clock, v_to_clock, v_day));
+    ELSE
+        v_note := format('fall back%s: %s twice',
+                         CASE WHEN v_day <> v_local::date THEN ' on ' || v_day END,
+                         ledger._clock_range(v_to_clock, v_from_clock, v_day));
+    END IF;
+    IF spec.kind <> 'cron' OR spec.wildcard THEN
+        RETURN v_note;
+    END IF;
+
+    -- A fixed expression: what the change did to this slot.
+    IF v_after > v_before AND v_local = v_to_clock THEN
+        v_first := ledger._local_next(spec, v_from_clock);
+        IF v_first < v_to_clock THEN
+            v_last := ledger._local_prev(spec, v_to_clock);
+            v_merged := ledger._local_count(spec, v_from_clock - v_just_before, v_to_clock);
+            v_note := v_note || CASE
+                WHEN v_merged = 1 THEN format('; %s runs at %s', ledger._clock_text(v_first, v_day),
+                                              ledger._clock_text(v_to_clock, v_day))
+                WHEN v_merged <= v_most_merged THEN
+                    format('; %s and %s run once, at %s', ledger._clock_text(v_first, v_day),
+                           ledger._clock_text(v_last, v_day), ledger._clock_text(v_to_clock, v_day))
+                ELSE format('; %s times from %s to %s run once, at %s', v_merged, ledger._clock_text(v_first, v_day),
+                            ledger._clock_text(v_last, v_day), ledger._clock_text(v_to_clock, v_day)) END;
+        END IF;
+    ELSIF v_after < v_before AND v_local >= v_to_clock AND v_local < v_from_clock THEN
+        v_note := v_note || format('; %s runs once, the first time', ledger._clock_text(v_local, v_day));
+    END IF;
+    RETURN v_note;
+END
+$$;
+
+-- The first `count` slots after `after`, before the ledger's end of time
+-- (ledger._max_instant(): a preview of a rare schedule may list fewer), with
+-- their wall clock, offset and note. The arguments are checked by the callers.
+CREATE FUNCTION ledger._preview(spec ledger.schedule_spec, time_zone text, count integer, after timestamptz)
+RETURNS SETOF ledger.schedule_slot
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_row      ledger.schedule_slot;
+    v_previous timestamptz := after;   -- the first slot's note compares with the offset at `after`
+    v_slot     timestamptz := after;
+BEGIN
+    FOR listed IN 1 .. count LOOP
+        v_slot := ledger._slot_after(spec, time_zone, v_slot);
+        EXIT WHEN v_slot IS NULL OR v_slot >= ledger._max_instant();
+        v_row.slot := v_slot;
+        v_row.local_time := v_slot AT TIME ZONE time_zone;
+        v_row.utc_offset := ledger._utc_offset(time_zone, v_slot);
+        v_row.dst_change := ledger._dst_note(spec, time_zone, v_previous, v_slot);
+        RETURN NEXT v_row;
+        v_previous := v_slot;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION ledger.next_slots(job text, count integer DEFAULT 10, after timestamptz DEFAULT NULL)
+RETURNS SETOF ledger.schedule_slot
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job ledger.jobs;
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    PERFORM ledger._check_preview_count(count);
+    PERFORM ledger._check_instant(after, 'after');
+    v_job := ledger._scheduled_job(job);   -- LD005, or 22023 without a schedule
+    RETURN QUERY
+        SELECT p.slot, p.local_time, p.utc_offset, p.dst_change
+          FROM ledger._preview(v_job.schedule_spec, v_job.time_zone, count,
+                               coalesce(after, clock_timestamp())) AS p;
+END
+$$;
+COMMENT ON FUNCTION ledger.next_slots(text, integer, timestamptz) IS
+    'The next `count` slots of a registered job after `after` (default now), with wall clock, UTC offset '
+    'and daylight-saving notes; read-only';
+
+CREATE FUNCTION ledger.preview_slots(schedule text, time_zone text DEFAULT 'UTC', count integer DEFAULT 10,
+                                     after timestamptz DEFAULT NULL)
+RETURNS SETOF ledger.schedule_slot
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_spec ledger.schedule_spec;
+BEGIN
+    v_spec := ledger._parse_schedule(schedule, time_zone);   -- checks schedule and time_zone, as register_job
+    PERFORM ledger._check_preview_count(count);
+    PERFORM ledger._check_instant(after, 'after');
+    RETURN QUERY
+        SELECT p.slot, p.local_time, p.utc_offset, p.dst_change
+          FROM ledger._preview(v_spec, time_zone, count, coalesce(after, clock_timestamp())) AS p;
+END
+$$;
+COMMENT ON FUNCTION ledger.preview_slots(text, text, integer, timestamptz) IS
+    'The next `count` slots of a schedule not registered yet (as register_job would read it), with wall clock, '
+    'UTC offset and daylight-saving notes; read-only';
+-- Operator commands: what an operator reaches for by hand (jobledger
+-- unregister, release, cancel). Each follows the per-job lock order (the
+-- lease row first) and records in the log what it does to a run.
+
+-- Remove a job's registration (its schedule, bounds, pause, skipped
+-- ranges). With with_history also its runs, counters and purge marks, so
+-- that its slots and keys may run again; the lease row (the job's token
+-- high-water mark) and its fences stay, so no token is ever issued twice.
+-- Refused (22023 naming job) while a run of the job is live: cancel it or
+-- force-release the lease first. LD005 when the ledger knows nothing of it.
+CREATE FUNCTION ledger.unregister_job(job text, with_history boolean DEFAULT false)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_lease   ledger.leases;
+    v_running ledger.job_execution_log;
+    v_found   boolean;
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    IF with_history IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument with_history must not be null';
+    END IF;
+    SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = unregister_job.job FOR UPDATE;
+    IF NOT EXISTS (SELECT FROM ledger.jobs j WHERE j.job = unregister_job.job)
+       AND (NOT with_history OR v_lease.job IS NULL) THEN
+        PERFORM ledger._raise('LD005', format('job not found: %s was never registered', job),
+            jsonb_build_object('job', job));
+    END IF;
+    SELECT * INTO v_running FROM ledger.job_execution_log r
+     WHERE r.job = unregister_job.job AND r.status = 'running';
+    IF FOUND AND v_lease.token = v_running.token AND v_lease.released_at IS NULL
+       AND v_lease.expires_at > clock_timestamp() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument job names %s, whose run %s is live: cancel it (ledger.request_cancel) or '
+                             'force-release its lease (ledger.force_release) first', job, v_running.run_id),
+            DETAIL = jsonb_build_object('argument', 'job', 'job', job, 'run_id', v_running.run_id,
+                                        'owner', v_running.owner)::text;
+    END IF;
+    DELETE FROM ledger.jobs j WHERE j.job = unregister_job.job;  -- skipped_slots cascade
+    v_found := FOUND;
+    IF with_history THEN
+        -- The state in ledger.counters goes with the log it was kept from.
+        DELETE FROM ledger.job_execution_log r WHERE r.job = unregister_job.job;
+        DELETE FROM ledger.counters c WHERE c.job = unregister_job.job;
+        DELETE FROM ledger.skip_counts s WHERE s.job = unregister_job.job;
+        DELETE FROM ledger.purged_slots p WHERE p.job = unregister_job.job;
+        DELETE FROM ledger.purged_keys k WHERE k.job = unregister_job.job;
+        v_found := true;
+    END IF;
+    RETURN v_found;
+END
+$$;
+COMMENT ON FUNCTION ledger.unregister_job(text, boolean) IS
+    'Remove a job''s registration, and with with_history its runs and counters; its token mark stays';
+
+-- Force-release a job's lease, whoever holds it: a new token is issued on
+-- a lease that is released at once, so the old holder's token is
+-- superseded (its heartbeat answers NULL, its fence and its end are
+-- refused with LD001) and its running run is closed as failure
+-- (superseded). Returns the new token; NULL when the job has no lease row
+-- (LD005 when the ledger knows nothing of the job).
+CREATE FUNCTION ledger.force_release(job text)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now      timestamptz;
+    v_lease    ledger.leases;
+    v_running  ledger.job_execution_log;
+    v_timeline integer;
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = force_release.job FOR UPDATE;
+    IF NOT FOUND THEN
+        IF NOT EXISTS (SELECT FROM ledger.jobs j WHERE j.job = force_release.job) THEN
+            PERFORM ledger._raise('LD005', format('job not found: %s was never registered', job),
+                jsonb_build_object('job', job));
+        END IF;
+        RETURN NULL;
+    END IF;
+    v_now := clock_timestamp();
+    v_timeline := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer;
+    UPDATE ledger.leases l SET
+        token       = ledger._next_token(l.token, l.timeline, v_timeline),
+        timeline    = v_timeline,
+        acquired_at = v_now,
+        expires_at  = v_now,
+        released_at = v_now
+     WHERE l.job = force_release.job
+    RETURNING * INTO v_lease;
+    SELECT * INTO v_running FROM ledger.job_execution_log r
+     WHERE r.job = force_release.job AND r.status = 'running';
+    IF FOUND THEN
+        PERFORM ledger._close_lost(v_running, 'superseded', v_now);
+    END IF;
+    RETURN v_lease.token;
+END
+$$;
+COMMENT ON FUNCTION ledger.force_release(text) IS
+    'Release a job''s lease whoever holds it: a new token supersedes the holder''s, its running run is closed';
+
+-- An operator asks a running run to stop: the request is recorded on the
+-- run (cancel_requested_at), and the holder's next heartbeat ends the run
+-- as cancelled and answers NULL (the lease is lost to it). True when this
+-- call made the request; false when it was made already. LD004 unknown,
+-- LD003 when the run has ended.
+CREATE FUNCTION ledger.request_cancel(run_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job ledger.label;
+    v_run ledger.job_execution_log;
+BEGIN
+    PERFORM ledger._check_token(run_id, 'run_id');
+    SELECT r.job INTO v_job FROM ledger.job_execution_log r WHERE r.run_id = request_cancel.run_id;
+    IF NOT FOUND THEN
+        PERFORM ledger._raise('LD004', format('run not found: %s', run_id),
+            jsonb_build_object('run_id', run_id));
+    END IF;
+    PERFORM FROM ledger.leases l WHERE l.job = v_job FOR UPDATE;
+    SELECT * INTO v_run FROM ledger.job_execution_log r WHERE r.run_id = request_cancel.run_id;
+    IF v_run.status <> 'running' THEN
+        PERFORM ledger._raise_not_running(v_run);
+    END IF;
+    UPDATE ledger.job_execution_log r SET cancel_requested_at = clock_timestamp()
+     WHERE r.run_id = request_cancel.run_id AND r.cancel_requested_at IS NULL;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION ledger.request_cancel(bigint) IS
+    'Ask a running run to stop: its holder''s next heartbeat ends it as cancelled and learns it lost the lease';
+
+-- Run a scheduled job's slots in [from_slot, to_slot] (for example those
+-- ledger.skipped_slots recorded), oldest first: a run for the oldest slot
+-- of the range that is due (not in the future), has not succeeded and is
+-- not running, taken under the lease as start_run takes it; 'nothing_due'
+-- when none is left. A runner loops on it as on start_due_run. The range
+-- holds at most 1000 slots (ledger._max_backfill), so a call walks at most
+-- that many.
+CREATE FUNCTION ledger.backfill(job text, owner text, from_slot timestamptz, to_slot timestamptz,
+                                ttl interval DEFAULT NULL)
+RETURNS ledger.run_start
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job    ledger.jobs;
+    v_ttl    interval;
+    v_slot   timestamptz;
+    v_upto   timestamptz;
+    v_count  bigint;
+    v_result ledger.run_start;
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    PERFORM ledger._check_label(owner, 'owner');
+    IF from_slot IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument from_slot must not be null';
+    ELSIF to_slot IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument to_slot must not be null';
+    END IF;
+    PERFORM ledger._check_instant(from_slot, 'from_slot');
+    PERFORM ledger._check_instant(to_slot, 'to_slot');
+    PERFORM ledger._check_ttl(ttl);
+    IF to_slot < from_slot THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument to_slot %s is before from_slot %s', to_slot, from_slot),
+            DETAIL = jsonb_build_object('argument', 'to_slot', 'value', to_slot, 'from_slot', from_slot)::text;
+    END IF;
+    v_job := ledger._scheduled_job(job);  -- LD005, or 22023 without a schedule
+    v_count := ledger._slot_count(v_job.schedule_spec, v_job.time_zone, from_slot - interval '1 microsecond',
+                                  to_slot);
+    IF v_count > ledger._max_backfill() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument to_slot: the range from %s to %s holds %s slots of job %s, more than %s; '
+                             'backfill it in parts', from_slot, to_slot, v_count, job, ledger._max_backfill()),
+            DETAIL = jsonb_build_object('argument', 'to_slot', 'job', job, 'from_slot', from_slot,
+                                        'value', to_slot, 'slots', v_count, 'max', ledger._max_backfill())::text;
+    END IF;
+    v_ttl := ledger._resolve_ttl(job, ttl);
+    IF v_job.paused THEN
+        v_result.outcome := 'paused';
+        RETURN v_result;
+    END IF;
+    v_upto := least(to_slot, clock_timestamp());
+    v_slot := ledger._slot_after(v_job.schedule_spec, v_job.time_zone, from_slot - interval '1 microsecond');
+    WHILE v_slot IS NOT NULL AND v_slot <= v_upto LOOP
+        IF NOT ledger._already_done(job, v_slot, NULL) THEN
+            RETURN ledger._start(job, owner, v_ttl, v_slot, NULL, NULL);
+        END IF;
+        v_slot := ledger._slot_after(v_job.schedule_spec, v_job.time_zone, v_slot);
+    END LOOP;
+    v_result.outcome := 'nothing_due';
+    RETURN v_result;
+END
+$$;
+COMMENT ON FUNCTION ledger.backfill(text, text, timestamptz, timestamptz, interval) IS
+    'Start a run for the oldest slot in the range that has not succeeded and is not running; nothing_due when none';
 -- Read-only views over the ledger: counters and the overlap audit.
 
 CREATE VIEW ledger.job_counters AS
-SELECT job,
+SELECT k.job,
        coalesce(c.runs_started, 0)     AS runs_started,
        coalesce(c.successes, 0)        AS successes,
        coalesce(c.failures, 0)         AS failures,
-       coalesce(c.skipped_overlap, 0)  AS skipped_overlap,
+       -- skips not yet folded into ledger.counters are in ledger.skip_counts
+       coalesce(c.skipped_overlap, 0)
+           + coalesce((SELECT sum(s.skipped_overlap) FROM ledger.skip_counts s WHERE s.job = k.job), 0)::bigint
+                                       AS skipped_overlap,
        coalesce(c.skipped_backfill, 0) AS skipped_backfill,
        coalesce(c.leases_lost, 0)      AS leases_lost
-  FROM ledger.counters c
-  FULL JOIN ledger.jobs j USING (job);
+  FROM (SELECT t.job FROM ledger.counters t
+        UNION SELECT t.job FROM ledger.jobs t
+        UNION SELECT t.job FROM ledger.skip_counts t) k
+  LEFT JOIN ledger.counters c ON c.job = k.job;
 COMMENT ON VIEW ledger.job_counters IS
     'Per job: runs started, successes, failures, skips by overlap and by backfill limit, leases lost';
 
@@ -2930,11 +4111,35 @@ SELECT a.job,
  WHERE o.earlier_end > o.started_at;
 COMMENT ON VIEW ledger.overlaps IS
     'Pairs of runs of the same job whose time spans overlap; always empty when the ledger holds';
+
+-- Two successes of one job for one slot or one idempotency key. Should
+-- always be empty (the unique partial indexes forbid it): the audit that
+-- proves no slot or key succeeded twice.
+CREATE VIEW ledger.duplicates AS
+SELECT r.job, 'slot'::text AS kind, r.slot::text AS value,
+       array_agg(r.run_id ORDER BY r.run_id) AS run_ids
+  FROM ledger.job_execution_log r
+ WHERE r.status = 'success' AND r.slot IS NOT NULL
+ GROUP BY r.job, r.slot
+HAVING count(*) > 1
+UNION ALL
+SELECT r.job, 'idempotency_key', r.idempotency_key::text,
+       array_agg(r.run_id ORDER BY r.run_id)
+  FROM ledger.job_execution_log r
+ WHERE r.status = 'success' AND r.idempotency_key IS NOT NULL
+ GROUP BY r.job, r.idempotency_key
+HAVING count(*) > 1;
+COMMENT ON VIEW ledger.duplicates IS
+    'Slots and idempotency keys of a job that succeeded more than once; always empty when the ledger holds';
 -- Reporting views: read-only, granted to ledger_reader. They read the log and
 -- the counters; none of them writes.
 
+-- Per job: the counts and percentiles over each job's newest 1,000 runs (an
+-- index scan per job, so a metrics scrape does not grow with the log's
+-- length); the longest successful run over the whole log, from the job's
+-- state (ledger.counters.longest_success).
 CREATE VIEW ledger.run_stats AS
-SELECT r.job,
+SELECT c.job,
        count(*)                                             AS runs,
        count(*) FILTER (WHERE r.status = 'success')         AS successes,
        count(*) FILTER (WHERE r.status = 'failure')         AS failures,
@@ -2944,35 +4149,54 @@ SELECT r.job,
            FILTER (WHERE r.status = 'success')              AS p50_duration,
        percentile_cont(0.95) WITHIN GROUP (ORDER BY r.completed_at - r.started_at)
            FILTER (WHERE r.status = 'success')              AS p95_duration,
-       max(r.completed_at - r.started_at) FILTER (WHERE r.status = 'success') AS max_duration
-  FROM ledger.job_execution_log r
- GROUP BY r.job;
+       c.longest_success                                    AS max_duration
+  FROM ledger.counters c
+ CROSS JOIN LATERAL (
+       SELECT r.status, r.started_at, r.completed_at FROM ledger.job_execution_log r
+        WHERE r.job = c.job ORDER BY r.started_at DESC LIMIT 1000) r
+ WHERE c.last_run_id IS NOT NULL
+ GROUP BY c.job, c.longest_success;
 COMMENT ON VIEW ledger.run_stats IS
-    'Per job, over the log: runs, failure rate, p50/p95/max duration of successful runs';
+    'Per job, over its newest 1,000 runs: runs, failure rate, p50/p95 duration of successful runs; the longest over the log';
 
--- The ttl should be 1.5 to 2 times the longest normal run, renewed every ttl/3.
+-- The ttl should be 1.5 to 2 times the longest normal run, renewed every
+-- ttl/3; never under 1 second (ledger._advice_min_ttl: a 19 ms run is no
+-- reason for a 28 ms lease), and no advice before 5 successes
+-- (ledger._advice_min_runs): one run is no sample.
 CREATE VIEW ledger.ttl_advice AS
 WITH known AS (
     SELECT job, coalesce(j.ttl, l.ttl) AS ttl
       FROM ledger.jobs j FULL JOIN ledger.leases l USING (job)
+), sampled AS (
+    SELECT k.job, k.ttl,
+           CASE WHEN c.successes >= ledger._advice_min_runs() THEN c.longest_success END AS longest,
+           coalesce(c.successes, 0) AS successes
+      FROM known k
+      LEFT JOIN ledger.counters c ON c.job = k.job
 )
-SELECT k.job,
-       k.ttl,
-       s.max_duration                                      AS longest_run,
-       s.max_duration * 1.5                                AS recommended_min,
-       s.max_duration * 2                                  AS recommended_max,
-       k.ttl / 3                                           AS renew_every,
+SELECT s.job,
+       s.ttl,
+       s.longest                                                    AS longest_run,
+       -- greatest() ignores NULLs: no sample, no recommendation
+       CASE WHEN s.longest IS NOT NULL
+            THEN greatest(s.longest * 1.5, ledger._advice_min_ttl()) END AS recommended_min,
+       CASE WHEN s.longest IS NOT NULL
+            THEN greatest(s.longest * 2, ledger._advice_min_ttl()) END   AS recommended_max,
+       s.ttl / 3                                                    AS renew_every,
        CASE
-           WHEN k.ttl IS NULL OR s.max_duration IS NULL THEN 'no_data'
-           WHEN k.ttl < s.max_duration * 1.5 THEN 'too_short'
-           WHEN k.ttl > s.max_duration * 2 THEN 'too_long'
+           WHEN s.ttl IS NULL OR s.longest IS NULL THEN 'no_data'
+           WHEN s.ttl < greatest(s.longest * 1.5, ledger._advice_min_ttl()) THEN 'too_short'
+           WHEN s.ttl > greatest(s.longest * 2, ledger._advice_min_ttl()) THEN 'too_long'
            ELSE 'ok'
-       END                                                 AS verdict
-  FROM known k
-  LEFT JOIN ledger.run_stats s ON s.job = k.job;
+       END                                                          AS verdict,
+       s.successes                                                  AS successes
+  FROM sampled s;
 COMMENT ON VIEW ledger.ttl_advice IS
-    'Per job: ttl, longest successful run, recommended ttl range (1.5-2x), renew interval, verdict';
+    'Per job: ttl, longest successful run, recommended ttl range (1.5-2x, at least 1 s, after 5 successes), renew interval, verdict';
 
+-- Per job, from the job's row in each of jobs, leases and counters (its
+-- state, kept by the writing functions): the cost is per job, whatever the
+-- length of the log.
 CREATE VIEW ledger.job_status AS
 WITH known AS (
     SELECT job FROM ledger.jobs
@@ -2988,13 +4212,13 @@ SELECT k.job,
        CASE WHEN l.released_at IS NULL AND l.expires_at > now() THEN l.owner END AS holder,
        l.token,
        l.expires_at                                         AS lease_expires_at,
-       last_run.run_id                                      AS last_run_id,
-       last_run.status                                      AS last_status,
-       last_run.started_at                                  AS last_started_at,
-       last_run.completed_at                                AS last_completed_at,
-       last_success.completed_at                            AS last_success_at,
-       running.run_id                                       AS running_run_id,
-       now() - running.started_at                           AS running_for,
+       c.last_run_id                                        AS last_run_id,
+       c.last_status                                        AS last_status,
+       c.last_started_at                                    AS last_started_at,
+       c.last_completed_at                                  AS last_completed_at,
+       c.last_success_at                                    AS last_success_at,
+       c.running_run_id                                     AS running_run_id,
+       now() - c.running_started_at                         AS running_for,
        CASE WHEN j.schedule IS NOT NULL AND NOT j.paused
             THEN ledger._slot_after(j.schedule_spec, j.time_zone, now()) END AS next_slot,
        -- Overdue: a slot at least one ttl old (5 minutes without a ttl) has
@@ -3002,68 +4226,223 @@ SELECT k.job,
        -- is a crash, not progress). A job that never ran counts from its
        -- registration.
        coalesce(j.schedule IS NOT NULL AND NOT j.paused
-                AND NOT (running.run_id IS NOT NULL AND l.token = running.token
+                AND NOT (c.running_run_id IS NOT NULL AND l.token = c.running_token
                          AND l.released_at IS NULL AND l.expires_at > now())
                 AND ledger._slot_at_or_before(j.schedule_spec, j.time_zone,
                                               now() - coalesce(j.ttl, l.ttl, interval '5 minutes'))
-                    > coalesce(done.slot, j.created_at), false) AS overdue,
-       (SELECT count(*) FROM ledger.job_execution_log f
-         WHERE f.job = k.job AND f.status = 'failure'
-           AND f.started_at > coalesce(last_success.started_at, '-infinity')) AS consecutive_failures,
+                    > coalesce(c.done_slot, j.created_at), false) AS overdue,
+       coalesce(c.consecutive_failures, 0)                  AS consecutive_failures,
        -- A job known only by its lease has no counters row: zeros, not NULLs.
        coalesce(c.runs_started, 0) AS runs_started, coalesce(c.successes, 0) AS successes,
-       coalesce(c.failures, 0) AS failures, coalesce(c.skipped_overlap, 0) AS skipped_overlap,
+       coalesce(c.failures, 0) AS failures,
+       coalesce(c.skipped_overlap, 0)
+           + coalesce((SELECT sum(s.skipped_overlap) FROM ledger.skip_counts s WHERE s.job = k.job), 0)::bigint
+                                   AS skipped_overlap,
        coalesce(c.skipped_backfill, 0) AS skipped_backfill, coalesce(c.leases_lost, 0) AS leases_lost
   FROM known k
   LEFT JOIN ledger.jobs j ON j.job = k.job
   LEFT JOIN ledger.leases l ON l.job = k.job
-  LEFT JOIN ledger.job_counters c ON c.job = k.job
-  LEFT JOIN LATERAL (
-      SELECT r.run_id, r.status, r.started_at, r.completed_at FROM ledger.job_execution_log r
-       WHERE r.job = k.job ORDER BY r.started_at DESC, r.run_id DESC LIMIT 1) last_run ON true
-  LEFT JOIN LATERAL (
-      SELECT r.started_at, r.completed_at FROM ledger.job_execution_log r
-       WHERE r.job = k.job AND r.status = 'success' ORDER BY r.started_at DESC LIMIT 1) last_success ON true
-  LEFT JOIN LATERAL (
-      SELECT r.run_id, r.token, r.started_at FROM ledger.job_execution_log r
-       WHERE r.job = k.job AND r.status = 'running') running ON true
-  LEFT JOIN LATERAL (
-      SELECT r.slot FROM ledger.job_execution_log r
-       WHERE r.job = k.job AND r.status = 'success' AND r.slot IS NOT NULL
-       ORDER BY r.slot DESC LIMIT 1) done ON true;
+  LEFT JOIN ledger.counters c ON c.job = k.job;
 COMMENT ON VIEW ledger.job_status IS
     'One row per known job: lease, last run, last success, current run, next slot, overdue, failures, counters';
 
--- One row per live problem.
+-- One health state per known job, from its rows in jobs, leases and
+-- counters (never the log): O(jobs). The first state that holds wins:
+--   paused    the job is paused (pause_reason: 'operator' or 'failures');
+--   overrun   a live run has been running longer than max_runtime;
+--   running   a live run (its lease held and not expired);
+--   down      at least 3 slots missed (ledger._down_after_slots), or no
+--             success for longer than down_after (since registration when
+--             none ever succeeded);
+--   late      a slot missed: due, not started within the grace;
+--   failing   the last ended run failed (consecutive_failures >= 1);
+--   never_run no run yet;
+--   ok        otherwise.
+-- A slot is missed when it lies after the newest slot that succeeded (or
+-- the registration) and is older than the grace: late_after, or by
+-- default the ttl but at least 1 minute. missed_slots counts them from the
+-- schedule, without listing them: arithmetic for an interval, per day for
+-- cron, over at most 366 days back (beyond that the count is a lower bound:
+-- missed_slots_capped). `since` is when the state began (for failing: the
+-- end of the last success, or the registration; for ok: the last success).
+CREATE VIEW ledger.job_health AS
+WITH known AS (
+    SELECT job FROM ledger.jobs
+    UNION
+    SELECT job FROM ledger.leases
+), base AS (
+    SELECT k.job, j.schedule, j.schedule_spec, j.time_zone, j.created_at, coalesce(j.paused, false) AS paused,
+           j.paused_at, j.pause_reason, j.down_after, j.min_runtime, j.max_runtime, j.pause_after_failures,
+           coalesce(j.late_after, greatest(coalesce(j.ttl, l.ttl, interval '1 minute'), interval '1 minute')) AS grace,
+           c.last_success_at, c.last_success_started_at, c.consecutive_failures, c.running_run_id,
+           c.running_started_at, coalesce(c.runs_started, 0) AS runs_started, c.last_completed_at,
+           (c.running_run_id IS NOT NULL AND l.token = c.running_token
+            AND l.released_at IS NULL AND l.expires_at > now()) AS live,
+           -- missed slots lie in (done, upto]
+           coalesce(c.done_slot, j.created_at) AS done
+      FROM known k
+      LEFT JOIN ledger.jobs j ON j.job = k.job
+      LEFT JOIN ledger.leases l ON l.job = k.job
+      LEFT JOIN ledger.counters c ON c.job = k.job
+), counted AS (
+    SELECT b.*,
+           CASE WHEN b.schedule IS NULL THEN NULL
+                WHEN now() - b.grace <= b.done THEN 0::bigint
+                WHEN (b.schedule_spec).kind = 'interval'
+                THEN ledger._slot_count(b.schedule_spec, b.time_zone, b.done, now() - b.grace)
+                ELSE ledger._slot_count(b.schedule_spec, b.time_zone,
+                                        greatest(b.done, now() - b.grace - ledger._missed_horizon()),
+                                        now() - b.grace) END AS missed_slots,
+           b.schedule IS NOT NULL AND (b.schedule_spec).kind <> 'interval'
+               AND b.done < now() - b.grace - ledger._missed_horizon() AS missed_slots_capped
+      FROM base b
+), judged AS (
+    SELECT c.*,
+           CASE
+               WHEN c.paused THEN 'paused'
+               WHEN c.live AND c.max_runtime IS NOT NULL AND now() - c.running_started_at > c.max_runtime
+               THEN 'overrun'
+               WHEN c.live THEN 'running'
+               WHEN c.missed_slots >= ledger._down_after_slots()
+                    OR (c.down_after IS NOT NULL
+                        AND now() - coalesce(c.last_success_at, c.created_at) > c.down_after) THEN 'down'
+               WHEN c.missed_slots >= 1 THEN 'late'
+               WHEN c.consecutive_failures >= 1 THEN 'failing'
+               WHEN c.runs_started = 0 THEN 'never_run'
+               ELSE 'ok'
+           END AS state
+      FROM counted c
+)
+SELECT j.job,
+       j.state,
+       CASE j.state
+           WHEN 'paused' THEN j.paused_at
+           WHEN 'overrun' THEN j.running_started_at + j.max_runtime
+           WHEN 'running' THEN j.running_started_at
+           WHEN 'down' THEN least(
+               CASE WHEN j.missed_slots >= ledger._down_after_slots()
+                    THEN ledger._slot_after(j.schedule_spec, j.time_zone,
+                             ledger._slot_after(j.schedule_spec, j.time_zone,
+                                 ledger._slot_after(j.schedule_spec, j.time_zone, j.done))) + j.grace END,
+               CASE WHEN now() - coalesce(j.last_success_at, j.created_at) > j.down_after
+                    THEN coalesce(j.last_success_at, j.created_at) + j.down_after END)
+           WHEN 'late' THEN ledger._slot_after(j.schedule_spec, j.time_zone, j.done) + j.grace
+           WHEN 'failing' THEN coalesce(j.last_success_at, j.created_at)
+           WHEN 'never_run' THEN j.created_at
+           ELSE coalesce(j.last_success_at, j.last_completed_at)
+       END                                                   AS since,
+       CASE j.state
+           WHEN 'paused' THEN CASE j.pause_reason
+                                  WHEN 'failures' THEN format('paused after %s failures in a row',
+                                                              j.consecutive_failures)
+                                  ELSE 'paused by an operator' END
+           WHEN 'overrun' THEN format('running for %s, over its max_runtime %s',
+                                      date_trunc('second', now() - j.running_started_at), j.max_runtime)
+           WHEN 'running' THEN format('run %s running', j.running_run_id)
+           WHEN 'down' THEN CASE WHEN j.missed_slots >= ledger._down_after_slots()
+                                 THEN format('%s%s slots missed since the last success',
+                                             CASE WHEN j.missed_slots_capped THEN 'at least ' ELSE '' END,
+                                             j.missed_slots)
+                                 ELSE format('no success for over %s', j.down_after) END
+           WHEN 'late' THEN format('a slot due %s ago was not started within %s',
+                                   date_trunc('second', now() - ledger._slot_after(j.schedule_spec, j.time_zone, j.done)),
+                                   j.grace)
+           WHEN 'failing' THEN format('%s failures in a row', j.consecutive_failures)
+           WHEN 'never_run' THEN 'no run yet'
+           ELSE 'ok'
+       END                                                   AS reason,
+       j.pause_reason,
+       j.last_success_at,
+       now() - j.last_success_at                             AS last_success_age,
+       j.last_success_at - j.last_success_started_at         AS last_success_duration,
+       j.missed_slots,
+       j.missed_slots_capped,
+       j.grace                                               AS late_after,
+       j.down_after,
+       j.min_runtime,
+       j.max_runtime,
+       j.pause_after_failures,
+       coalesce(j.consecutive_failures, 0)                   AS consecutive_failures,
+       CASE WHEN j.live THEN j.running_run_id END            AS running_run_id,
+       CASE WHEN j.live THEN now() - j.running_started_at END AS running_for
+  FROM judged j;
+COMMENT ON VIEW ledger.job_health IS
+    'One health state per known job (paused, overrun, running, down, late, failing, never_run, ok), since when, why';
+
+-- One row per live problem. Every part reads per job (the jobs' state), and
+-- the overlap part audits each job's newest 1,000 runs (ledger.overlaps is
+-- the audit of the whole log), so alerts do not grow with the log's length.
 CREATE VIEW ledger.alerts AS
+WITH s AS MATERIALIZED (
+    -- job_status once for the three parts that read it (its overdue test
+    -- evaluates the schedule: paid once per job, not three times)
+    SELECT s.job, s.running_run_id, s.running_for, s.overdue, s.consecutive_failures, s.last_run_id
+      FROM ledger.job_status s
+), t AS MATERIALIZED (
+    SELECT t.job, t.ttl, t.longest_run, t.verdict FROM ledger.ttl_advice t
+), h AS MATERIALIZED (
+    SELECT h.job, h.state, h.since, h.reason, h.pause_reason, h.running_run_id FROM ledger.job_health h
+)
 SELECT 'long_running'::text AS alert, s.job, s.running_run_id AS run_id,
        format('running for %s, over twice its longest successful run (%s)',
-              date_trunc('second', s.running_for), date_trunc('second', t.longest_run)) AS message,
+              date_trunc('second', s.running_for), date_trunc('second', c.longest_success)) AS message,
        now() - s.running_for AS since
-  FROM ledger.job_status s JOIN ledger.ttl_advice t USING (job)
- WHERE s.running_run_id IS NOT NULL AND s.running_for > t.longest_run * 2
+  FROM s JOIN ledger.counters c USING (job)
+ WHERE s.running_run_id IS NOT NULL AND s.running_for > c.longest_success * 2
+UNION ALL
+-- From ledger.job_health: its late, down, overrun and failing states, and a
+-- pause that pause_after_failures made.
+SELECT h.state, h.job, h.running_run_id, h.reason, h.since
+  FROM h
+ WHERE h.state IN ('late', 'down', 'overrun', 'failing')
+UNION ALL
+SELECT 'paused', h.job, NULL, h.reason, h.since
+  FROM h
+ WHERE h.state = 'paused' AND h.pause_reason = 'failures'
+UNION ALL
+-- The newest success was shorter than min_runtime (from the job's state).
+SELECT 'too_fast', c.job, NULL,
+       format('the last success took %s, under its min_runtime %s',
+              c.last_success_at - c.last_success_started_at, j.min_runtime),
+       c.last_success_at
+  FROM ledger.counters c JOIN ledger.jobs j ON j.job = c.job
+ WHERE j.min_runtime IS NOT NULL AND c.last_success_at - c.last_success_started_at < j.min_runtime
 UNION ALL
 SELECT 'overdue', s.job, NULL,
-       format('a slot is more than one ttl old and has not succeeded, with no live run on it; next slot %s', s.next_slot),
+       format('a slot is more than one ttl old and has not succeeded, with no live run on it; next slot %s',
+              ledger._slot_after(j.schedule_spec, j.time_zone, now())),
        NULL
-  FROM ledger.job_status s
+  FROM s JOIN ledger.jobs j ON j.job = s.job
  WHERE s.overdue
 UNION ALL
 SELECT 'consecutive_failures', s.job, s.last_run_id,
        format('%s failures in a row', s.consecutive_failures), NULL
-  FROM ledger.job_status s
+  FROM s
  WHERE s.consecutive_failures >= 3
 UNION ALL
-SELECT 'overlap', o.job, o.other_run_id,
-       format('runs %s and %s overlap', o.run_id, o.other_run_id), o.other_started_at
-  FROM ledger.overlaps o
+SELECT 'overlap', o.job, o.run_id,
+       format('runs %s and %s overlap', a.run_id, o.run_id), o.started_at
+  FROM (SELECT w.*, max(coalesce(w.completed_at, 'infinity')) OVER (
+                 PARTITION BY w.job ORDER BY w.started_at, w.run_id
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier_end
+          FROM ledger.counters c
+         CROSS JOIN LATERAL (
+               SELECT r.run_id, r.job, r.started_at, r.completed_at FROM ledger.job_execution_log r
+                WHERE r.job = c.job ORDER BY r.started_at DESC LIMIT 1000) w
+         WHERE c.last_run_id IS NOT NULL) o
+  JOIN ledger.job_execution_log a
+    ON a.job = o.job
+   AND (a.started_at, a.run_id) < (o.started_at, o.run_id)
+   AND coalesce(a.completed_at, 'infinity') > o.started_at
+ WHERE o.earlier_end > o.started_at
 UNION ALL
 SELECT 'ttl_too_short', t.job, NULL,
        format('ttl %s is under 1.5 times the longest successful run (%s)', t.ttl, t.longest_run), NULL
-  FROM ledger.ttl_advice t
+  FROM t
  WHERE t.verdict = 'too_short';
 COMMENT ON VIEW ledger.alerts IS
-    'One row per live problem: long_running, overdue, consecutive_failures, overlap, ttl_too_short';
+    'One row per live problem: long_running, late, down, overrun, failing, paused, too_fast, overdue, '
+    'consecutive_failures, overlap, ttl_too_short';
 -- Guarding a SQL job, from pg_cron or any SQL client:
 --   CALL ledger.run_guarded(job => 'nightly', command => $$ ... $$);
 -- A DO block or a function is one transaction: the run it starts stays
@@ -3270,6 +4649,11 @@ BEGIN
     END LOOP;
 END
 $grants$;
+
+-- The schedule previews read nothing a reader may not SELECT (a job's
+-- schedule) and write nothing: dashboards may call them too.
+GRANT EXECUTE ON FUNCTION ledger.next_slots(text, integer, timestamptz),
+                          ledger.preview_slots(text, text, integer, timestamptz) TO ledger_reader;
 
 -- The views compute next and overdue slots, and a view's functions are
 -- checked against whoever reads it. IMMUTABLE helpers are pure arithmetic

@@ -1,10 +1,8 @@
-"""`jobledger report "SQL"` and `jobledger metrics`: the reporting commands.
+"""`jobledger report "SQL"`: one read-only SELECT over the ledger, its rows as a table, CSV or JSON.
 
-Registered on the `jobledger` group at the end of ``ledger.cli``; they reuse
-its ``--dsn`` option (same resolution: option, LEDGER_DSN, PG*, embedded), its
-connection and its duration type. The guard, the session check and the
-read-only run live in ``ledger.report`` (its docstring says what is checked
-and why), the collector in ``ledger.metrics``.
+The guard, the session check and the read-only run live in ``ledger.report``
+(its docstring says what is checked and why); the cells and tables are
+``ledger.render``'s.
 
 `report` refuses, in one line and with exit code 1: a query the guard
 refuses (size, shape, functions, relations, unknown columns), and a session
@@ -19,25 +17,18 @@ from __future__ import annotations
 
 import csv
 import json
-import signal
 import sys
-import threading
 from collections.abc import Sequence
-from datetime import date, datetime, time, timedelta
-from decimal import Decimal
-from types import FrameType
+from datetime import timedelta
 from typing import Any
 
 import click
 import psycopg
-from rich import box
-from rich.markup import escape
-from rich.table import Table
 
 from ledger import render
-from ledger.cli import DURATION, _say, connect, dsn_option
+from ledger.cli._options import DURATION, connect, dsn_option
+from ledger.cli._output import plural, say
 from ledger.durations import format_duration
-from ledger.metrics import LedgerCollector, exposition, serve
 from ledger.report import (
     ALLOWED_FUNCTIONS, DEFAULT_LIMIT, MAX_CTES, MAX_DEPTH, MAX_QUERY_BYTES, MAX_SUBQUERIES, ReportRejected,
     ReportRows, stream_report,
@@ -100,7 +91,7 @@ def report(sql: str, output: str, timeout: timedelta, limit: int, allow_superuse
             f"report timed out after {format_duration(timeout)} (statement_timeout); "
             "narrow the query or give a longer --timeout") from error
     if rows.truncated:
-        _say(f"report stopped at {rows.count} rows; --limit N to change (--limit 0: no limit)")
+        say(f"report stopped at {rows.count} rows; --limit N to change (--limit 0: no limit)")
 
 
 def _print(rows: ReportRows, output: str) -> None:
@@ -118,106 +109,25 @@ def _print(rows: ReportRows, output: str) -> None:
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(columns)
         for row in rows:
-            writer.writerow([_csv_cell(value) for value in row])
+            writer.writerow([render.csv_cell(value) for value in row])
     else:
         page: list[tuple[Any, ...]] = []
         first = 1
         for row in rows:
             if len(page) == TABLE_PAGE:  # a full page, and more to come: print it, start the next
-                _print_table(columns, page, f"rows {first}-{first + len(page) - 1}")
+                _print_table(columns, page, _span(first, page))
                 first += len(page)
                 page = []
             page.append(row)
-        if first == 1:
-            _print_table(columns, page, f"{len(page)} row{'s' if len(page) != 1 else ''}")
-        else:
-            _print_table(columns, page, f"rows {first}-{first + len(page) - 1}")
+        _print_table(columns, page, plural(len(page), "row") if first == 1 else _span(first, page))
+
+
+def _span(first: int, page: Sequence[object]) -> str:
+    return f"rows {first}-{first + len(page) - 1}"
 
 
 def _print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], caption: str) -> None:
-    table = Table(box=box.SIMPLE_HEAVY, caption=caption, caption_justify="left", min_width=len(caption))
-    numeric = [bool(rows) and all(isinstance(row[i], (int, float, Decimal)) and not isinstance(row[i], bool)
-                                  for row in rows if row[i] is not None)
-               for i in range(len(columns))]
-    for name, right in zip(columns, numeric):
-        table.add_column(name, justify="right" if right else "left")
-    for row in rows:
-        table.add_row(*("[dim]null[/dim]" if value is None else escape(_text(value)) for value in row))
-    render.console().print(table)
+    render.console().print(render.rows_table(columns, rows, caption))
 
 
-def _text(value: Any) -> str:
-    """A cell for people: ISO timestamps, intervals as [d day[s], ]h:mm:ss[.ffffff], JSON for jsonb."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (datetime, date, time)):
-        return value.isoformat()
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False, default=str)
-    if isinstance(value, bytes):
-        return "\\x" + value.hex()
-    return str(value)
-
-
-def _csv_cell(value: Any) -> Any:
-    if value is None:
-        return ""
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    return _text(value)
-
-
-@click.command()
-@click.option("--serve", "port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
-              help="Serve /metrics on PORT for Prometheus to scrape (0: any free port) "
-                   "instead of printing once.")
-@click.option("--host", default=None, metavar="ADDRESS",
-              help="Address to bind with --serve  [default: 127.0.0.1; 0.0.0.0 for every interface]")
-@click.option("--timeout", type=DURATION, default="10s", show_default=True,
-              help="statement_timeout of each query of a scrape.")
-@dsn_option
-def metrics(port: int | None, host: str | None, timeout: timedelta, dsn: str) -> None:
-    """Prometheus metrics of the ledger, read from its views (text exposition format).
-
-    Once on stdout, or on every scrape with --serve (stop with SIGTERM or Ctrl-C).
-    Metrics: jobledger_up, jobledger_runs_started_total, jobledger_runs_total{status},
-    jobledger_runs_running, jobledger_skipped_total{reason}, jobledger_leases_lost_total,
-    jobledger_run_duration_seconds{quantile}, jobledger_run_failure_ratio,
-    jobledger_job_overdue, jobledger_consecutive_failures (all by job) and
-    jobledger_alerts{alert}.
-    """
-    def open_connection() -> psycopg.Connection[Any]:
-        return connect(dsn)
-
-    if port is None:
-        if host is not None:
-            raise click.UsageError("--host only applies with --serve PORT")
-        click.echo(exposition(open_connection, timeout), nl=False)
-        return
-
-    def scrape_failed(error: Exception) -> None:
-        lines = str(error).strip().splitlines() or [type(error).__name__]
-        _say(f"scrape failed, answering jobledger_up 0: {lines[0]}")
-
-    collector = LedgerCollector(open_connection, timeout=timeout, on_error=scrape_failed)
-    try:
-        server = serve(collector, port, host or "127.0.0.1")
-    except OSError as error:
-        raise click.ClickException(f"cannot listen on {host or '127.0.0.1'}:{port}: "
-                                   f"{error.strerror or error}") from error
-    stop = threading.Event()
-
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {signum: signal.signal(signum, request_stop) for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        _say(f"serving metrics on {server.url} (SIGTERM or Ctrl-C to stop)")
-        sys.stderr.flush()
-        while not stop.wait(0.5):
-            pass
-    finally:
-        server.close()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    _say("metrics server stopped")
+COMMANDS = (report,)

@@ -1,0 +1,185 @@
+"""The few primitives where the asyncio client and the threaded client differ, side by side.
+
+``ledger/aio.py`` is the one source of the Python client; ``tools/async_to_sync.py``
+writes ``ledger/client.py`` from it (``make sync``), removing ``async`` and
+``await`` and renaming each async name below to its sync twin: ``ALock`` to
+``Lock``, ``aspawn`` to ``spawn``, and so on (the table is
+``tools/async_to_sync.py``'s ``NAMES``). Each pair has the same signature, so
+the code that uses them is the same code. In the source, ``if ASYNC:`` blocks
+hold what only the async client does (their ``else:`` is the sync code, taken
+by the generator); mypy takes ``ASYNC`` as always true (pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final, TypeVar
+
+__all__ = [
+    "ASYNC",
+    "AEvent",
+    "ALock",
+    "Event",
+    "Lock",
+    "ajoin",
+    "ashield",
+    "aspawn",
+    "await_event",
+    "in_task",
+    "in_thread",
+    "join",
+    "keep_result",
+    "keep_result_async",
+    "spawn",
+    "parked",
+    "wait_event",
+    "Worker",
+]
+
+log = logging.getLogger("ledger")
+
+T = TypeVar("T")
+
+ASYNC: Final = True
+"""True in the source; the generator resolves ``if ASYNC:`` blocks, so the sync client never reads it."""
+
+ALock = asyncio.Lock
+Lock = threading.Lock
+AEvent = asyncio.Event
+Event = threading.Event
+
+
+async def await_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``event``; True when it is set."""
+    try:
+        await asyncio.wait_for(event.wait(), max(0.0, timeout))
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
+def wait_event(event: threading.Event, timeout: float) -> bool:
+    return event.wait(max(0.0, timeout))
+
+
+def aspawn(target: Callable[[], Coroutine[Any, Any, None]], name: str) -> asyncio.Task[None]:
+    """Run ``target`` beside the caller: a task of the running loop."""
+    return asyncio.get_running_loop().create_task(target(), name=name)
+
+
+class Worker:
+    """What :func:`spawn` hands back: the target running on a daemon thread; :func:`join` waits for it."""
+
+    def __init__(self, target: Callable[[], None], name: str) -> None:
+        self.target = target
+        self.name = name
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+
+_IDLE_SECONDS = 30.0  # how long an idle thread waits for the next target before it exits
+_idle: list[tuple[threading.Event, list[Worker]]] = []  # parked threads: (wake-up, mailbox)
+_idle_lock = threading.Lock()
+
+
+def spawn(target: Callable[[], None], name: str) -> Worker:
+    """Run ``target`` beside the caller on a daemon thread (it never keeps a process alive).
+
+    Threads are reused: one whose target returned waits a while for the next
+    one, so a context (its heartbeat, its watchdog) costs no new thread once
+    the process has had as many at once before. Starting a thread costs
+    about a millisecond on a busy machine, as much as a ledger call.
+    """
+    worker = Worker(target, name)
+    with _idle_lock:
+        parked = _idle.pop() if _idle else None
+    if parked is not None:
+        wake, mailbox = parked
+        mailbox.append(worker)
+        wake.set()
+    else:
+        threading.Thread(target=_serve, args=(worker,), name=name, daemon=True).start()
+    return worker
+
+
+def parked() -> int:
+    """How many reusable threads wait for a target (they are alive, but hold nothing)."""
+    with _idle_lock:
+        return len(_idle)
+
+
+def _serve(worker: Worker | None) -> None:
+    wake = threading.Event()
+    mailbox: list[Worker] = []
+    while worker is not None:
+        current = threading.current_thread()
+        current.name = worker.name
+        worker.thread = current
+        try:
+            worker.target()
+        except BaseException:  # a target's own error handling failed: say so, keep the thread
+            log.exception("a background task of the ledger failed")
+        finally:
+            worker.thread = None
+            worker.done.set()
+        worker = None
+        wake.clear()
+        with _idle_lock:
+            _idle.append((wake, mailbox))
+        if wake.wait(_IDLE_SECONDS):
+            worker = mailbox.pop()
+        else:
+            with _idle_lock:
+                if (wake, mailbox) in _idle:
+                    _idle.remove((wake, mailbox))
+                    return
+            wake.wait()  # handed a target just as the wait ended
+            worker = mailbox.pop()
+
+
+def in_task(task: asyncio.Task[None]) -> bool:
+    """Whether the caller is ``task`` itself."""
+    return task is asyncio.current_task()
+
+
+def in_thread(worker: Worker) -> bool:
+    return worker.thread is threading.current_thread()
+
+
+async def ajoin(task: asyncio.Task[None]) -> None:
+    """Wait for ``task`` to end, unless it is the caller itself."""
+    if task is not asyncio.current_task():
+        await task
+
+
+def join(worker: Worker) -> None:
+    if worker.thread is not threading.current_thread():
+        worker.done.wait()
+
+
+async def ashield(end: Awaitable[T]) -> T:
+    """Finish ``end`` even when the caller is cancelled meanwhile (the end goes on in the background).
+
+    The sync code has no twin: ``ashield(end)`` is just ``end`` there (a
+    thread is not cancelled between two statements)."""
+    return await asyncio.shield(end)
+
+
+def keep_result_async(result: object, pending: set[asyncio.Future[Any]]) -> None:
+    """An ``on_lost`` callback's result: an awaitable is run in the loop, referenced in ``pending`` until done."""
+    if inspect.isawaitable(result):
+        future = asyncio.ensure_future(result)
+        pending.add(future)
+        future.add_done_callback(pending.discard)
+
+
+def keep_result(result: object, pending: set[Any]) -> None:
+    if inspect.isawaitable(result):  # an async callback given to the sync client: it cannot be awaited here
+        log.warning("an on_lost callback of the sync client returned an awaitable; it is not awaited")
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()

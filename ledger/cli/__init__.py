@@ -1,0 +1,63 @@
+"""The `jobledger` command line (also `python -m ledger`): ``main``, the group of every command.
+
+Each command is a thin shell over one function of the package, one module a
+group of commands:
+
+- ``ledger.cli.install``: ``install``, ``uninstall``, ``sql``, ``where``;
+- ``ledger.cli.jobs``: ``register``, ``pause``, ``resume``, ``purge``, ``reap``;
+- ``ledger.cli.status``: ``status``, ``runs`` (the tables: ``ledger.render``);
+- ``ledger.cli.next``: ``next``, a schedule's next slots (``ledger.next_slots``, ``ledger.preview_slots``);
+- ``ledger.cli.run``: ``run``, the wrapper (``ledger.wrapper``);
+- ``ledger.cli.report``: ``report`` (``ledger.report``);
+- ``ledger.cli.metrics``: ``metrics`` (``ledger.metrics``);
+- ``ledger.cli.web``: ``web``, the dashboard (``ledger.web``);
+- ``ledger.cli.demo``: ``demo`` (``ledger.demo``).
+
+What they share: ``ledger.cli._options`` (``--dsn``, ``--json``, durations,
+the connection) and ``ledger.cli._output`` (messages, one-line errors). The
+command modules import only those two, never this package's ``main``, so
+each imports on its own.
+
+Exit codes: 0 ok, 2 usage (click), 1 a database or ledger error, told in one
+line; ``run`` has its own (see ``ledger.wrapper.EXIT_CODES`` and the README).
+
+The database: ``--dsn``, else ``LEDGER_DSN``, else the standard ``PG*``
+variables, else the embedded PostgreSQL (``jobledger where`` tells which).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from ledger import __version__
+from ledger.cli import demo, install, jobs, metrics, report, run, status, web
+from ledger.cli import next as preview  # not `next`: the builtin
+from ledger.cli._output import Commands
+
+__all__ = ["main"]
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="jobledger")
+def main() -> None:
+    """Postgres-native job ledger: leases with fencing tokens, an execution log,
+    bounded catch-up for scheduled jobs.
+
+    Wrap a cron line: `jobledger run JOB --ttl 80m -- ./job.sh`. With no database
+    given, an embedded PostgreSQL is used (`jobledger where`); try `jobledger demo`.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("jobledger: %(message)s"))
+    log = logging.getLogger("ledger")
+    if not log.handlers:
+        log.addHandler(handler)
+        log.setLevel(logging.WARNING)
+        log.propagate = False
+
+
+for _module in (install, jobs, status, preview, run, report, metrics, web, demo):
+    for _command in _module.COMMANDS:
+        main.add_command(_command)

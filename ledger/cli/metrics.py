@@ -1,0 +1,76 @@
+"""`jobledger metrics`: Prometheus metrics of the ledger, printed once or served (``ledger.metrics``)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+import click
+import psycopg
+
+from ledger.cli._options import DURATION, connect, dsn_option
+from ledger.cli._output import say
+from ledger.metrics import LedgerCollector, exposition, serve
+from ledger.text import first_line
+
+
+@click.command()
+@click.option("--serve", "port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+              help="Serve /metrics on PORT for Prometheus to scrape (0: any free port) "
+                   "instead of printing once.")
+@click.option("--host", default=None, metavar="ADDRESS",
+              help="Address to bind with --serve  [default: 127.0.0.1; 0.0.0.0 for every interface]")
+@click.option("--timeout", type=DURATION, default="10s", show_default=True,
+              help="statement_timeout of each query of a scrape.")
+@dsn_option
+def metrics(port: int | None, host: str | None, timeout: timedelta, dsn: str) -> None:
+    """Prometheus metrics of the ledger, read from its views (text exposition format).
+
+    Once on stdout, or on every scrape with --serve (stop with SIGTERM or Ctrl-C).
+    Metrics: jobledger_up, jobledger_runs_started_total, jobledger_runs_total{status},
+    jobledger_runs_running, jobledger_skipped_total{reason}, jobledger_leases_lost_total,
+    jobledger_run_duration_seconds{quantile}, jobledger_run_failure_ratio,
+    jobledger_job_overdue, jobledger_consecutive_failures (all by job) and
+    jobledger_alerts{alert}.
+    """
+    def open_connection() -> psycopg.Connection[Any]:
+        return connect(dsn)
+
+    if port is None:
+        if host is not None:
+            raise click.UsageError("--host only applies with --serve PORT")
+        click.echo(exposition(open_connection, timeout), nl=False)
+        return
+
+    def scrape_failed(error: Exception) -> None:
+        say(f"scrape failed, answering jobledger_up 0: {first_line(error)}")
+
+    collector = LedgerCollector(open_connection, timeout=timeout, on_error=scrape_failed)
+    try:
+        server = serve(collector, port, host or "127.0.0.1")
+    except OSError as error:
+        raise click.ClickException(f"cannot listen on {host or '127.0.0.1'}:{port}: "
+                                   f"{error.strerror or error}") from error
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {signum: signal.signal(signum, request_stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        say(f"serving metrics on {server.url} (SIGTERM or Ctrl-C to stop)")
+        sys.stderr.flush()
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    say("metrics server stopped")
+
+
+COMMANDS = (metrics,)

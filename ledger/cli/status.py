@@ -1,0 +1,150 @@
+"""Looking: `status` (the jobs at a glance, and the live alerts; `--watch` redraws it) and `runs`
+(a job's recent runs)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import click
+import psycopg
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ledger import lookups, render
+from ledger.cli._options import DURATION, connect, dsn_option, json_option
+from ledger.cli._output import database_now, unknown_jobs
+from ledger.client import Ledger
+from ledger.durations import format_duration
+
+MIN_INTERVAL = timedelta(milliseconds=100)  # --watch never polls the database faster than this
+
+
+@click.command()
+@click.argument("jobs", nargs=-1, metavar="[JOB]...")
+@click.option("--watch", is_flag=True,
+              help="Redraw every --interval until Ctrl-C (with --json: one JSON object a line).")
+@click.option("--interval", type=DURATION, default=None, help="With --watch: how often.  [default: 2s]")
+@json_option
+@dsn_option
+def status(jobs: tuple[str, ...], watch: bool, interval: timedelta | None, as_json: bool, dsn: str) -> None:
+    """The state at a glance: the `ledger.job_status` view, jobs with alerts in red,
+    then the live alerts (`ledger.alerts`). `--watch` redraws it until Ctrl-C."""
+    if interval is not None and not watch:
+        raise click.UsageError("--interval goes with --watch")
+    every = interval if interval is not None else timedelta(seconds=2)
+    if every < MIN_INTERVAL:
+        raise click.BadParameter(f"at least {format_duration(MIN_INTERVAL)}", param_hint="--interval")
+    with connect(dsn) as conn:
+        if not watch:
+            _show(conn, jobs, as_json)
+            return
+        out = render.console()
+        try:
+            while True:
+                if not as_json:
+                    out.clear()
+                    out.print(f"[bold]jobledger status[/bold], every {format_duration(every)} "
+                              f"({render.timestamp(database_now(conn))}; Ctrl-C to stop)")
+                _show(conn, jobs, as_json, frame=True)
+                sys.stdout.flush()
+                time.sleep(every.total_seconds())
+        except KeyboardInterrupt:
+            return  # Ctrl-C: the way a watch ends
+
+
+def _show(conn: psycopg.Connection[Any], jobs: tuple[str, ...], as_json: bool, frame: bool = False) -> None:
+    """One status: the table and the alerts, or the JSON (one line when ``frame``: a watch's stream)."""
+    statuses = [render.with_counters(row) for row in Ledger(conn).job_statuses()]
+    alerts = lookups.alerts(conn)
+    now = database_now(conn)
+    if jobs:
+        known = {row.job for row in statuses}
+        unknown = [job for job in dict.fromkeys(jobs) if job not in known]
+        if unknown:
+            raise unknown_jobs(unknown)
+        statuses = [row for row in statuses if row.job in jobs]
+        alerts = [row for row in alerts if row["job"] in jobs]
+    if as_json:
+        document = {"jobs": statuses, "alerts": alerts}
+        click.echo(json.dumps(render.plain(document), ensure_ascii=False) if frame else render.to_json(document))
+        return
+    out = render.console()
+    if not statuses:
+        out.print("no jobs yet: `jobledger register` one, or `jobledger run JOB --ttl 10m -- CMD`")
+    else:
+        out.print(render.fitted(out, lambda wide: render.status_table(statuses, alerts, now, wide=wide)))
+    if alerts:
+        out.print(render.alerts_table(alerts, now))
+    elif statuses:
+        out.print("[green]no alerts[/green]")
+
+
+@click.command()
+@click.argument("job")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="How many runs.")
+@json_option
+@dsn_option
+def runs(job: str, limit: int, as_json: bool, dsn: str) -> None:
+    """JOB's recent runs, newest first (`ledger.job_execution_log`)."""
+    with connect(dsn) as conn:
+        rows = lookups.recent_runs(conn, job, limit)
+        if not rows and Ledger(conn).job_status(job) is None:
+            raise unknown_jobs([job])
+        now = database_now(conn)
+    if as_json:
+        click.echo(render.to_json(rows))
+        return
+    if not rows:
+        click.echo(f"no runs of {job}")
+        return
+    out = render.console()
+    out.print(render.fitted(out, lambda wide: render.runs_table(rows, now, title=f"runs of {job}", wide=wide)))
+
+
+HEALTHY = {"ok", "running", "never_run"}
+
+
+@click.command()
+@click.argument("jobs", nargs=-1, metavar="[JOB]...")
+@json_option
+@dsn_option
+def health(jobs: tuple[str, ...], as_json: bool, dsn: str) -> None:
+    """Each job's health (`ledger.job_health`): ok, running, late, down, overrun, failing,
+    paused or never_run, since when and why. Exit code 1 when a job listed is late, down,
+    overrun, failing or paused, so a shell or a probe can test it."""
+    with connect(dsn) as conn:
+        rows = lookups.job_health(conn)
+        now = database_now(conn)
+    if jobs:
+        unknown = [job for job in dict.fromkeys(jobs) if job not in {row["job"] for row in rows}]
+        if unknown:
+            raise unknown_jobs(unknown)
+        rows = [row for row in rows if row["job"] in jobs]
+    if as_json:
+        click.echo(render.to_json(rows))
+    elif not rows:
+        click.echo("no jobs yet: `jobledger register` one")
+    else:
+        out = render.console()
+        table = Table(box=box.SIMPLE_HEAVY, title="ledger.job_health", title_justify="left", title_style="bold")
+        for name in ("job", "state", "since", "missed", "last success", "why"):
+            table.add_column(name)
+        for row in rows:
+            missed = "-" if row["missed_slots"] is None else (
+                f"{'>=' if row['missed_slots_capped'] else ''}{row['missed_slots']}")
+            table.add_row(str(row["job"]),
+                          Text(str(row["state"]), style="green" if row["state"] in HEALTHY else "bold red"),
+                          render.relative(row["since"], now) if row["since"] is not None else "-", missed,
+                          render.relative(row["last_success_at"], now) if row["last_success_at"] else "never",
+                          str(row["reason"]))
+        out.print(table)
+    if any(row["state"] not in HEALTHY for row in rows):
+        sys.exit(1)
+
+
+COMMANDS = (status, runs, health)

@@ -1,0 +1,74 @@
+"""`jobledger web`: the read-only dashboard in a browser (``ledger.web``; the ``web`` extra)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import click
+
+from ledger.cli._options import DURATION, dsn_option
+from ledger.cli._output import say
+
+DEFAULT_PORT = 8187
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, metavar="ADDRESS",
+              help="Address to listen on. Anything but loopback needs --token or --basic-auth.")
+@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
+              help="Port to listen on (0: any free port).")
+@click.option("--token", envvar="LEDGER_WEB_TOKEN", show_envvar=True, default=None, metavar="TOKEN",
+              help="Require this token: `Authorization: Bearer TOKEN`, or `?token=TOKEN` once in a browser "
+                   "(it answers with a cookie).")
+@click.option("--basic-auth", envvar="LEDGER_WEB_BASIC_AUTH", show_envvar=True, default=None,
+              metavar="USER:PASSWORD", help="Require HTTP basic auth with these credentials.")
+@click.option("--refresh", type=click.IntRange(1, 3600), default=15, show_default=True, metavar="SECONDS",
+              help="How often an open page refreshes itself.")
+@click.option("--timeout", type=DURATION, default="5s", show_default=True,
+              help="statement_timeout of each read.")
+@dsn_option
+def web(host: str, port: int, token: str | None, basic_auth: str | None, refresh: int, timeout: timedelta,
+        dsn: str) -> None:
+    """A read-only dashboard of the ledger: jobs, a job's runs and slots, a run, the alerts.
+
+    Every page reads in one read-only transaction as ledger_reader, as
+    `jobledger metrics` does, and refreshes itself; each has its JSON under
+    /api/ (/api/jobs, /api/jobs/JOB, /api/runs/ID, /api/alerts). Also
+    /badge/JOB.svg, a status badge, and /metrics, the Prometheus metrics.
+    Stop with Ctrl-C or SIGTERM.
+
+    It listens on 127.0.0.1 unless --host says otherwise; another address
+    shows the ledger to whoever reaches it, so it then needs --token or
+    --basic-auth (the environment variables keep them out of `ps`).
+    """
+    try:
+        from ledger.web.access import Access, AccessError, check_bind
+        from ledger.web.app import create_app
+        from ledger.web.reads import Reader
+        from ledger.web.server import bind, serve, url_of
+    except ImportError as error:
+        raise click.ClickException(f"jobledger web needs the web extra: pip install 'pg-job-ledger[web]' "
+                                   f"(missing: {error.name})") from error
+    try:
+        access = Access.parse(token, basic_auth)
+        check_bind(host, access)
+    except AccessError as error:
+        raise click.UsageError(str(error)) from error
+    reader = Reader(dsn, timeout=timeout)
+    reader.open()  # a wrong DSN fails now, in one line, not on the first page
+    try:
+        sock = bind(host, port)
+    except OSError as error:
+        reader.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {error.strerror or error}") from error
+    how = " (token required: open it once with ?token=TOKEN)" if token else ""
+    how += " (basic auth required)" if basic_auth else ""
+    say(f"serving the dashboard on {url_of(sock)}/{how}, read-only; Ctrl-C to stop")
+    try:
+        serve(create_app(reader, access=access, refresh=refresh, timeout=timeout), sock)
+    finally:
+        reader.close()
+    say("dashboard stopped")
+
+
+COMMANDS = (web,)
