@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -35,9 +36,20 @@ def jobledger(*args: str, dsn: str | None = None, env: Mapping[str, str] | None 
 
 def start(*args: str, dsn: str | None = None, env: Mapping[str, str] | None = None,
           cwd: str | Path | None = None) -> subprocess.Popen[str]:
-    """Start ``jobledger ARGS`` in the background (stdout and stderr piped)."""
+    """Start ``jobledger ARGS`` in the background (stdout and stderr piped).
+
+    With SIGINT at its default action, whatever the test runner inherited: a
+    suite started in the background of a shell (``nohup make test &``, some CI
+    runners) ignores SIGINT, the child would inherit that, and the tests that
+    press Ctrl-C on a command would wait for nothing.
+    """
     return subprocess.Popen([*JOBLEDGER, *args], env=dict(env) if env is not None else environment(dsn),
-                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 15, what: str = "condition") -> object:

@@ -54,7 +54,10 @@ def status(jobs: tuple[str, ...], watch: bool, interval: timedelta | None, as_js
                 sys.stdout.flush()
                 time.sleep(every.total_seconds())
         except KeyboardInterrupt:
-            return  # Ctrl-C: the way a watch ends
+            # Ctrl-C: the way a watch ends. It may land in the middle of a query, which
+            # leaves the connection busy: close it as it is (no further command on it).
+            conn.close()
+            return
 
 
 def _show(conn: psycopg.Connection[Any], jobs: tuple[str, ...], as_json: bool, frame: bool = False) -> None:
