@@ -20,7 +20,7 @@ from psycopg.rows import dict_row
 from rich.table import Table
 
 from ledger import queries, render
-from ledger.cli._options import connect, dsn_option, json_option
+from ledger.cli._options import connect, dsn_option, instant, json_option
 from ledger.cli._output import unknown_jobs
 
 MAX_COUNT = 1000  # ledger._max_preview_slots()
@@ -99,25 +99,13 @@ def _table(slots: list[dict[str, Any]], time_zone: str) -> Table:
     return table
 
 
-def _instant(ctx: click.Context, param: click.Parameter, value: str | None) -> datetime | None:
-    """``--after``: ISO 8601; without a UTC offset, in UTC."""
-    if value is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(f"cannot read {value!r} as an ISO 8601 time (2026-03-28, 2026-03-28T12:00+01:00)",
-                                 ctx, param) from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
-
-
 @click.command("next")
 @click.argument("job", required=False)
 @click.option("--schedule", help="A schedule not registered yet (cron or interval, as `jobledger register` takes).")
 @click.option("--tz", "time_zone", default=None, help="With --schedule: its time zone.  [default: UTC]")
 @click.option("-n", "--count", type=click.IntRange(1, MAX_COUNT), default=10, show_default=True,
               help="How many slots.")
-@click.option("--after", callback=_instant, metavar="TIME",
+@click.option("--after", callback=instant, metavar="TIME",
               help="The slots after TIME (ISO 8601, UTC without an offset); default: now.")
 @json_option
 @dsn_option
