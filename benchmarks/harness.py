@@ -64,6 +64,10 @@ class Pair:
     issue_raw: str             # the raw floor the issue measured
     hot: bool = False          # one hot job instead of the N jobs
     note: str = ""
+    # ledger.configure_events before the ledger side: None keeps the
+    # defaults (run events on, notify off); "off" switches run events off,
+    # "notify" switches pg_notify on. The raw side always runs on the defaults.
+    events: str | None = None
 
 
 PAIRS: list[Pair] = [
@@ -81,7 +85,21 @@ PAIRS: list[Pair] = [
          None, None, "", note="informational: no target in the issue"),
     Pair("hot-8", "one hot job, looping start + complete (mostly skips) vs the raw floor's loop", "raw_hot",
          "ledger_hot", 8, 0.5, 0.15, "~3,900 tps", hot=True),
+    # What ledger.events costs on the hot path: the cycle-8 row again with
+    # the run events off, and with pg_notify on (no listener).
+    Pair("cycle-8-no-events", "start + complete with run events off (`configure_events(run_events => false)`)",
+         "raw_cycle", "ledger_cycle", 8, None, None, "", events="off",
+         note="informational: the cost of the run events is cycle-8 against this row"),
+    Pair("cycle-8-notify", "start + complete with pg_notify on (`configure_events(notify => true)`)",
+         "raw_cycle", "ledger_cycle", 8, None, None, "", events="notify",
+         note="informational: the cost of pg_notify is this row against cycle-8"),
 ]
+
+EVENT_SETTINGS = {
+    None: "SELECT ledger.configure_events(run_events => true, notify => false)",
+    "off": "SELECT ledger.configure_events(run_events => false, notify => false)",
+    "notify": "SELECT ledger.configure_events(run_events => true, notify => true)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,11 +375,14 @@ def measure_pairs(bench: PgBench, pairs: Iterable[Pair]) -> list[dict[str, Any]]
         groups.setdefault((pair.raw, pair.clients, pair.hot), []).append(pair)
     rows = []
     for (raw_script, clients, hot), members in groups.items():
-        sides = [("raw", raw_script)] + [("ledger", p.ledger) for p in members]
-        runs: dict[str, list[dict[str, Any]]] = {script: [] for _, script in sides}
+        # Keyed by side: several pairs may run one ledger script with other settings.
+        sides: list[tuple[str, str, Pair | None]] = [("raw", raw_script, None)]
+        sides += [(p.id, p.ledger, p) for p in members]
+        runs: dict[str, list[dict[str, Any]]] = {side: [] for side, _, _ in sides}
         name = "+".join(p.id for p in members)
         for round_ in range(bench.config.rounds):
-            for side, script in sides:
+            for side, script, pair in sides:
+                bench.ctl.execute(EVENT_SETTINGS[pair.events if pair else None])
                 before = bench.hot_runs(side == "raw") if hot else None
                 result = bench.run(script, clients)
                 if hot:
@@ -369,12 +390,13 @@ def measure_pairs(bench: PgBench, pairs: Iterable[Pair]) -> list[dict[str, Any]]
                     if before is not None and after is not None:
                         result["started"] = after - before
                         result["started_share"] = round((after - before) / max(result["transactions"], 1), 4)
-                runs[script].append(result)
-                log(f"  {name:31} round {round_ + 1} {script:20} {result['tps']:10.1f} tps")
-        raw_runs = runs[raw_script]
+                runs[side].append(result)
+                log(f"  {name:31} round {round_ + 1} {side:20} {result['tps']:10.1f} tps")
+        bench.ctl.execute(EVENT_SETTINGS[None])
+        raw_runs = runs["raw"]
         raw = _side("raw", raw_script, raw_runs)
         for pair in members:
-            ledger_runs = runs[pair.ledger]
+            ledger_runs = runs[pair.id]
             ledger = _side("ledger", pair.ledger, ledger_runs)
             ratio = ledger["median"] / raw["median"]
             rows.append({

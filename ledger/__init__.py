@@ -19,13 +19,15 @@ from ledger.errors import (
     StaleToken,
 )
 from ledger.identity import default_owner
-from ledger.models import Job, JobStatus, Lease, Run, RunStart
+from ledger.models import Event, EventSettings, Job, JobStatus, Lease, Run, RunStart
 
 __all__ = [
     "AsyncLeaseContext",
     "AsyncLedger",
     "AsyncRunContext",
     "AsyncScheduledJob",
+    "Event",
+    "EventSettings",
     "FenceOfAnotherJob",
     "InvalidArgument",
     "Job",

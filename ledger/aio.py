@@ -15,17 +15,21 @@ Connections:
 
 - ``AsyncLedger(conn)``: plain calls (``acquire``, ``register_job``, ...) run
   on ``conn``; on a connection outside a transaction they commit at once,
-  inside one they join it (as a savepoint). A run or lease context takes one
-  connection of its own, opened from the same conninfo (or
-  ``heartbeat_conninfo``), for its start, heartbeats and end: the heartbeat
-  never shares a connection with a transaction of the caller. The ledger
-  keeps up to four such connections open for the next contexts (a run costs
-  no new connection); ``close()`` closes them. A connection
+  inside one they join it (as a savepoint). A run or lease context's calls
+  (its start, heartbeats and end) run on connections of the ledger's own,
+  opened from the same conninfo (or ``heartbeat_conninfo``): the heartbeat
+  never shares a connection with a transaction of the caller. A context
+  takes one for each call and gives it back after it; the ledger keeps up
+  to four idle ones open for the next calls (a run costs no new
+  connection); ``close()`` closes them. A connection
   made from a multi-host conninfo knows only the host it reached: pass that
   conninfo as ``heartbeat_conninfo`` so that a context follows a failover.
-- ``AsyncLedger(pool)``: each plain call borrows a pool connection; a context
-  holds one pool connection for its whole life (so the heartbeat never waits
-  for a busy pool).
+- ``AsyncLedger(pool)``: each plain call borrows a pool connection, and so
+  does each call of a context (start, each heartbeat, end): an open run
+  holds no connection between its calls, so a pool of 10 serves hundreds
+  of open runs (BENCHMARKS.md). A heartbeat's wait for a free connection is
+  bounded by the lease's local deadline; a pool that has none in time
+  raises LedgerUnavailable.
 - ``AsyncLedger("dsn")``: as with a pool, one that the ledger opens and owns;
   close it with ``await ledger.close()`` or ``async with AsyncLedger(dsn) as ledger:``.
   One connection is checked first: a wrong DSN raises
@@ -60,17 +64,17 @@ import functools
 import logging
 import time
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import psycopg
 from psycopg.rows import BaseRowFactory, class_row, dict_row, scalar_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ledger import connect as connecting
-from ledger import queries
+from ledger import models, queries  # models.Event: in the sync client `Event` is threading's
 from ledger._acompat import (ASYNC, AEvent, ALock, ajoin, ashield, aspawn, await_event, in_task,
                              keep_result_async)
 from ledger.calls import conninfo_of, end_call, ended_by_us, jsonb, run_start, split_time_left
@@ -78,7 +82,7 @@ from ledger.errors import (LeaseLost, LeaseSuperseded, LedgerError, LedgerUnavai
                            StaleToken, translated)
 from ledger.heartbeat import Deadline, LeaseState, OnLost, Renewal, beat_interval, retry_or_lose, seconds
 from ledger.identity import default_owner
-from ledger.models import Job, JobStatus, Lease, Run, RunStart
+from ledger.models import EventSettings, Job, JobStatus, Lease, Run, RunStart
 from ledger.text import first_line
 from ledger.watchdog import AsyncWatchdog
 
@@ -163,10 +167,13 @@ async def advance_fence(conn: AsyncConnection, job: str, resource: str, token: i
 # -- a context's own connection ---------------------------------------------
 
 class _AsyncControl:
-    """A context's own connection: its start, heartbeats and end, never the caller's transactions.
+    """A context's calls: its start, heartbeats and end, never on the caller's transactions.
 
-    Opened on first use; a broken connection is given back and replaced on the
-    next call, so a heartbeat survives a dropped connection. Every call is
+    Each call takes a connection (from the pool, or the ledger's spares) and
+    gives it back when it ends, so an open run holds no connection between
+    its calls; one that broke goes back as broken (the pool drops it) and the
+    next call takes another, so a heartbeat survives a dropped connection.
+    The calls of one context are serialized (a lock). Every call is
     bounded (:func:`ledger.connect.execute_bounded`): ``statement_timeout``
     = ``timeout`` on the server, and a watchdog that shuts the connection's
     socket down when no answer came ``CALL_GRACE`` later (or at ``bound``),
@@ -201,20 +208,25 @@ class _AsyncControl:
         """
         async with self._lock:
             self.retried = False
-            for attempt in range(1, attempts + 1):
-                try:
-                    return await self._call_once(query, params, row_factory, bound)
-                except LedgerUnavailable:
-                    raise  # given up, or no connection: not a broken one to replace
-                except psycopg.OperationalError as error:
-                    conn = self._conn
-                    if attempt == attempts or conn is None or not conn.broken:
-                        raise
-                    log.warning("the connection of a ledger call broke (%s); sending it again on a new one",
-                                first_line(error))
-                    await self._release()
-                    self.retried = True
-            raise AssertionError("unreachable")
+            try:
+                for attempt in range(1, attempts + 1):
+                    try:
+                        return await self._call_once(query, params, row_factory, bound)
+                    except LedgerUnavailable:
+                        raise  # given up, or no connection: not a broken one to replace
+                    except psycopg.OperationalError as error:
+                        conn = self._conn
+                        if attempt == attempts or conn is None or not conn.broken:
+                            raise
+                        log.warning("the connection of a ledger call broke (%s); sending it again on a new one",
+                                    first_line(error))
+                        await self._release()
+                        self.retried = True
+                raise AssertionError("unreachable")
+            finally:
+                # Given back after every call: N open runs need connections for
+                # their calls in flight, not N held for their whole lives.
+                await self._release()
 
     async def _call_once(self, query: str, params: Mapping[str, Any], row_factory: BaseRowFactory[R],
                          bound: float | None) -> tuple[list[R], float]:
@@ -223,7 +235,13 @@ class _AsyncControl:
         timeout, limit = connecting.call_bounds(self.timeout, bound)
         if self._conn is None:
             # A pool's wait for a connection is bounded too (a heartbeat's by the deadline).
-            self._conn = await self._connect(limit if bound is not None else limit + connecting.CONNECT_TIMEOUT)
+            wait = limit if bound is not None else limit + connecting.CONNECT_TIMEOUT
+            try:
+                self._conn = await self._connect(wait)
+            except PoolTimeout as error:
+                raise LedgerUnavailable(
+                    f"no free connection in the ledger's pool within {wait:.3g}s: every connection was busy "
+                    "(raise the pool's max_size, pool_kwargs={'max_size': ...})", {}) from error
             self._where = connecting.where(self._conn)
         conn = self._conn
         sent = time.monotonic()
@@ -264,11 +282,11 @@ class _AsyncControl:
 
 
 class _AsyncSpares:
-    """The own connections of an ``AsyncLedger(conn)``'s contexts, kept open for the next context.
+    """The own connections of an ``AsyncLedger(conn)``'s contexts, kept open for their next calls.
 
-    A context takes one for its life and gives it back; up to ``KEEP`` idle
-    ones stay open, so a run costs no new connection (the connection it gives
-    back is in no transaction: every call commits by itself). One that broke
+    A context's call takes one and gives it back; up to ``KEEP`` idle ones
+    stay open, so a run costs no new connection (the connection given back
+    is in no transaction: every call commits by itself). One that broke
     meanwhile (a server restart) is replaced on the context's next call
     (:meth:`_AsyncControl.call`); a start on a connection the server closed
     while it was idle fails once, like a pool's.
@@ -370,7 +388,7 @@ class AsyncHeartbeat:
         except Exception as error:
             return retry_or_lose(self._deadline, self._interval, self._state, error)
         if renewal.time_left is None:
-            self._state.mark_lost("the heartbeat found the lease taken or ended")
+            self._state.mark_lost(renewal.lost_reason)
             return None
         self._deadline.renewed(renewal.time_left, renewal.sent_at)
         if self._renewed is not None:
@@ -514,7 +532,7 @@ class _AsyncHolding:
         bound = None if deadline is None else deadline.remaining()
         rows, sent = await self._control.call(query, params, dict_row, bound=bound)
         row = rows[0]
-        return Renewal(None if row["expires_at"] is None else row["time_left"], sent)
+        return Renewal(None if row["expires_at"] is None else row["time_left"], sent, row["ended_as"])
 
     async def _stop_heartbeat(self) -> bool:
         """Stop the heartbeat; True when the lease is lost (or its deadline passed), which ends the deadline.
@@ -671,9 +689,16 @@ class AsyncRunContext(_AsyncHolding):
             self.result = await self._record_end(self._control, query, params)
         except (LeaseSuperseded, RunNotRunning) as error:
             refused = self._state.mark_lost("the ledger refused to end the run", error)
+            if lost is not None:
+                # Known lost before the end: the ledger ended the run already
+                # (cancelled, superseded, expired), and its row says how.
+                self.result = await self._row_as_ended()
             if exc is None:
                 raise refused from error
-            log.warning("run %s of job %s could not record its end: %s", self.run_id, self.job, error)
+            if lost is None:
+                log.warning("run %s of job %s could not record its end: %s", self.run_id, self.job, error)
+            else:
+                log.info("run %s of job %s was ended by the ledger already: %s", self.run_id, self.job, error)
         except Exception as error:
             if exc is None and lost is None:
                 raise
@@ -682,6 +707,16 @@ class AsyncRunContext(_AsyncHolding):
             await self._close_control()
         if exc is None and lost is not None:
             raise lost
+
+    async def _row_as_ended(self) -> Run | None:
+        """The run's row as the ledger left it (None when it cannot be read now)."""
+        assert self._control is not None
+        try:
+            rows = await self._control.execute(queries.GET_RUN, {"run_id": self.run_id}, class_row(Run))
+        except Exception:
+            log.debug("reading how run %s ended failed", self.run_id, exc_info=True)
+            return None
+        return rows[0] if rows and rows[0].status != "running" else None
 
     async def _record_end(self, control: _AsyncControl, query: str, params: Mapping[str, Any]) -> Run:
         """Send the end; on a broken connection again on a new one, where the run's row tells what happened."""
@@ -920,8 +955,13 @@ class AsyncLedger:
             return await execute_own(self._conn, query, params, row_factory)
         assert self._pool is not None
         await self.open()
-        async with self._pool.connection() as conn:
-            return await execute_own(conn, query, params, row_factory)
+        try:
+            async with self._pool.connection() as conn:
+                return await execute_own(conn, query, params, row_factory)
+        except PoolTimeout as error:
+            raise LedgerUnavailable(
+                f"no free connection in the ledger's pool within {self._pool.timeout:.3g}s: every connection was "
+                "busy (raise the pool's max_size, pool_kwargs={'max_size': ...})", {}) from error
 
     async def _open_control(self, job: str) -> _AsyncControl:
         name = f"ledger-watchdog:{job}"
@@ -1131,3 +1171,38 @@ class AsyncLedger:
 
     async def purge_log(self, older_than: timedelta) -> int:
         return int((await self._call(queries.PURGE_LOG, {"older_than": older_than}, scalar_row))[0])
+
+    # -- events -------------------------------------------------------------------
+
+    async def events(self, after: int | None = None, *, job: str | None = None,
+                     kinds: Sequence[str] | None = None, limit: int = 100) -> list[models.Event]:
+        """Rows of ``ledger.events`` in ``event_id`` order, of ``job`` and ``kinds`` (None: any).
+
+        ``after`` None: the newest ``limit`` events; else the first ``limit``
+        after event ``after`` (page on with the last one's ``event_id``). The
+        ids are taken in the order the changes were written, which two
+        transactions may commit the other way round: a reader that must
+        miss nothing follows them with :class:`ledger.tail.EventCursor`.
+        """
+        params = {"after": after, "job": job, "kinds": list(kinds) if kinds else None, "limit": limit}
+        if after is None:
+            return await self._call(queries.EVENTS_NEWEST, {**params, "through": None}, class_row(models.Event))
+        return await self._call(queries.EVENTS_AFTER, params, class_row(models.Event))
+
+    async def sync_alerts(self) -> list[models.Event]:
+        """``ledger.sync_alerts``: record the alerts raised and cleared since the last call; those events."""
+        return await self._call(queries.SYNC_ALERTS, {}, class_row(models.Event))
+
+    async def configure_events(self, *, run_events: bool | None = None, notify: bool | None = None,
+                               retention: timedelta | None = None, max_events: int | None = None) -> EventSettings:
+        """``ledger.configure_events``: change the options given (None keeps one); the settings after it."""
+        params = {"run_events": run_events, "notify": notify, "retention": retention, "max_events": max_events}
+        return (await self._call(queries.CONFIGURE_EVENTS, params, class_row(EventSettings)))[0]
+
+    async def event_settings(self) -> EventSettings:
+        """The settings as they are (``ledger.event_settings``): a read, which ``ledger_reader`` may do too."""
+        return (await self._call(queries.EVENT_SETTINGS, {}, class_row(EventSettings)))[0]
+
+    async def purge_events(self) -> int:
+        """``ledger.purge_events``: delete the events past the retention now; how many."""
+        return int((await self._call(queries.PURGE_EVENTS, {}, scalar_row))[0])

@@ -88,6 +88,20 @@ class Renewal:
     time_left: timedelta | None
     sent_at: float
     """``time.monotonic()`` just before the call was sent."""
+    ended_as: str | None = None
+    """Why a lost run ended, when the beat could tell: its failure_reason, 'cancelled' when an operator asked."""
+
+    @property
+    def lost_reason(self) -> str:
+        """The reason a beat that found the lease gone gives."""
+        return LOST_REASONS.get(self.ended_as or "", "the heartbeat found the lease taken or ended")
+
+
+LOST_REASONS = {
+    "cancelled": "an operator cancelled the run (ledger.request_cancel)",
+    "superseded": "the lease was taken over: a newer token superseded it",
+    "lease_expired": "the lease expired before the heartbeat renewed it",
+}
 
 
 class Deadline:

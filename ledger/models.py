@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Outcome = Literal["started", "skipped_overlap", "already_done", "paused", "nothing_due"]
 Status = Literal["running", "success", "failure"]
 FailureReason = Literal["error", "lease_expired", "superseded", "cancelled"]
+EventKind = Literal["run_started", "run_ended", "run_lost", "run_cancelled", "cancel_requested",
+                    "job_paused", "job_resumed", "alert_raised", "alert_cleared"]
+"""The kinds of ``ledger.events`` (its CHECK constraint ``events_kind_valid``)."""
+
+EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
+ALERT_KINDS: tuple[EventKind, ...] = ("alert_raised", "alert_cleared")
 
 
 @dataclass(frozen=True)
@@ -114,3 +120,31 @@ class JobStatus:
     skipped_overlap: int
     skipped_backfill: int
     leases_lost: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """A row of ``ledger.events``: one state change, in ``event_id`` order.
+
+    ``detail`` by kind (docs/contract.md, Events): a run's ``owner``,
+    ``token``, ``status``, ``seconds``, ``error``...; an alert's ``alert``,
+    ``message``, ``since``.
+    """
+
+    event_id: int
+    at: datetime
+    kind: EventKind
+    job: str
+    run_id: int | None
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EventSettings:
+    """The row of ``ledger.event_settings``: which events are recorded and notified, and how long kept."""
+
+    run_events: bool
+    notify: bool
+    retention: timedelta
+    max_events: int
+    updated_at: datetime

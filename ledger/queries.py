@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from ledger.models import Job, JobStatus, Run
+from ledger.models import Event, EventSettings, Job, JobStatus, Run
 
 
 def _columns(row: type, alias: str) -> str:
@@ -29,6 +29,8 @@ def _columns(row: type, alias: str) -> str:
 RUN_COLUMNS = _columns(Run, "r")
 JOB_COLUMNS = _columns(Job, "j")
 JOB_STATUS_COLUMNS = _columns(JobStatus, "js")
+EVENT_COLUMNS = _columns(Event, "e")
+EVENT_SETTINGS_COLUMNS = _columns(EventSettings, "s")
 
 # -- leases -----------------------------------------------------------------
 
@@ -39,7 +41,7 @@ SELECT l.job, l.owner, l.token, l.acquired_at, l.expires_at,
 """
 
 RENEW = """
-SELECT e AS expires_at, e - clock_timestamp() AS time_left
+SELECT e AS expires_at, e - clock_timestamp() AS time_left, NULL::text AS ended_as
   FROM ledger.renew(job => %(job)s, owner => %(owner)s, token => %(token)s, ttl => %(ttl)s) AS e
 """
 
@@ -79,8 +81,15 @@ SELECT s.outcome, s.run_id, s.token, s.expires_at, s.slot, s.holder, s.holder_ex
   FROM ledger.start_due_run(job => %(job)s, owner => %(owner)s, ttl => %(ttl)s) AS s
 """
 
+# ended_as: why a heartbeat that answered NULL lost the run, read in the
+# same statement (its snapshot is the statement's: it sees what ended the
+# run before this call, and an operator's request to cancel).
 HEARTBEAT = """
-SELECT e AS expires_at, e - clock_timestamp() AS time_left
+SELECT e AS expires_at, e - clock_timestamp() AS time_left,
+       CASE WHEN e IS NULL THEN
+           (SELECT CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE r.failure_reason END
+              FROM ledger.job_execution_log AS r WHERE r.run_id = %(run_id)s)
+       END AS ended_as
   FROM ledger.heartbeat(run_id => %(run_id)s, token => %(token)s, ttl => %(ttl)s) AS e
 """
 
@@ -155,6 +164,89 @@ SELECT {JOB_STATUS_COLUMNS}
 """
 
 PURGE_LOG = "SELECT ledger.purge_log(older_than => %(older_than)s)"
+
+# -- events -------------------------------------------------------------------
+# ledger.events, its settings and the alert sync (the client's events methods,
+# `jobledger events`, `watch`, `notify`, `configure-events`). event_id order is
+# the order the ids were taken, not always the order of the commits: the tail
+# (ledger.tail) reads with EVENT_TAIL_PAGE, which tells it what may still come.
+
+CONFIGURE_EVENTS = f"""
+SELECT {EVENT_SETTINGS_COLUMNS}
+  FROM ledger.configure_events(run_events => %(run_events)s, notify => %(notify)s,
+                               retention => %(retention)s, max_events => %(max_events)s) AS s
+"""
+
+# The settings as they are (configure_events with no arguments would also re-align the
+# triggers, a write, and needs EXECUTE; a reader may read this).
+EVENT_SETTINGS = f"SELECT {EVENT_SETTINGS_COLUMNS} FROM ledger.event_settings AS s"
+
+SYNC_ALERTS = f"SELECT {EVENT_COLUMNS} FROM ledger.sync_alerts() AS e ORDER BY e.event_id"
+
+PURGE_EVENTS = "SELECT ledger.purge_events()"
+
+# The first `limit` events after `after` that match (NULL job, NULL kinds: any).
+EVENTS_AFTER = f"""
+SELECT {EVENT_COLUMNS}
+  FROM ledger.events AS e
+ WHERE e.event_id > %(after)s
+   AND (%(job)s::text IS NULL OR e.job = %(job)s::text)
+   AND (%(kinds)s::text[] IS NULL OR e.kind = ANY(%(kinds)s::text[]))
+ ORDER BY e.event_id
+ LIMIT %(limit)s
+"""
+
+# The newest `limit` events that match, up to `through` (NULL: the newest of all), oldest first.
+EVENTS_NEWEST = f"""
+SELECT {EVENT_COLUMNS}
+  FROM (SELECT {EVENT_COLUMNS}
+          FROM ledger.events AS e
+         WHERE (%(through)s::bigint IS NULL OR e.event_id <= %(through)s::bigint)
+           AND (%(job)s::text IS NULL OR e.job = %(job)s::text)
+           AND (%(kinds)s::text[] IS NULL OR e.kind = ANY(%(kinds)s::text[]))
+         ORDER BY e.event_id DESC
+         LIMIT %(limit)s) AS e
+ ORDER BY e.event_id
+"""
+
+NEWEST_EVENT_ID = "SELECT coalesce(max(e.event_id), 0) FROM ledger.events AS e"
+
+# One read of the tail: the ids of the next `limit` events after `after` and of those that
+# turned up in the gaps below it (ranges gap_first..gap_last, ids a transaction took and
+# had not committed yet), every matching event's row among them (the others' columns are
+# NULL), and the bounds of the read's snapshot: a gap whose transactions have all ended
+# stays empty. One row when nothing is new (its `seen` is NULL).
+EVENT_TAIL_PAGE = f"""
+WITH page AS MATERIALIZED (
+    (SELECT e.event_id FROM ledger.events AS e
+      WHERE e.event_id > %(after)s
+      ORDER BY e.event_id
+      LIMIT %(limit)s)
+    UNION ALL
+    (SELECT e.event_id
+       FROM unnest(%(gap_first)s::bigint[], %(gap_last)s::bigint[]) AS g(first_id, last_id)
+       JOIN ledger.events AS e ON e.event_id BETWEEN g.first_id AND g.last_id)
+), snapshot AS (
+    SELECT pg_snapshot_xmin(c.snapshot)::text::bigint AS xmin, pg_snapshot_xmax(c.snapshot)::text::bigint AS xmax
+      FROM pg_current_snapshot() AS c(snapshot)
+)
+SELECT s.xmin, s.xmax, p.event_id AS seen, {EVENT_COLUMNS}
+  FROM snapshot AS s
+  LEFT JOIN page AS p ON true
+  LEFT JOIN ledger.events AS e
+         ON e.event_id = p.event_id
+        AND (%(job)s::text IS NULL OR e.job = %(job)s::text)
+        AND (%(kinds)s::text[] IS NULL OR e.kind = ANY(%(kinds)s::text[]))
+ ORDER BY p.event_id
+"""
+
+# Whether events are notified (the tail LISTENs only then: a listener no NOTIFY is sent to
+# has nothing to wait for, and behind a transaction pooler LISTEN is not safe).
+EVENTS_NOTIFIED = "SELECT s.notify FROM ledger.event_settings AS s"
+
+LISTEN_EVENTS = "LISTEN ledger_events"
+
+UNLISTEN_EVENTS = "UNLISTEN ledger_events"
 
 # -- the views the command line and the demo read (ledger.lookups) -----------
 

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import date, datetime, time, timedelta
+from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ledger.durations import format_duration
-from ledger.models import JobStatus
+from ledger.models import EVENT_KINDS, Event, JobStatus
 from ledger.text import first_line
 
 STATUS_STYLES = {"success": "green", "failure": "red", "running": "cyan"}
@@ -225,6 +225,74 @@ def skipped_slots_table(rows: Sequence[Mapping[str, Any]], title: str | None = "
         table.add_row(str(row["job"]), timestamp(row["first_slot"]), timestamp(row["last_slot"]),
                       str(row["slot_count"]), str(row["reason"]))
     return table
+
+
+# -- events (`jobledger events`, `jobledger watch`) ---------------------------------
+
+KIND_WIDTH = max(len(kind) for kind in EVENT_KINDS)
+#: Characters a job's name is padded to at most (a longer name pushes its line's rest right).
+JOB_WIDTH = 24
+
+
+def utc(moment: datetime) -> str:
+    """``2026-12-01 14:00:01Z``: an event's time, to the second, in UTC (streams from many hosts agree)."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def event_summary(event: Event) -> str:
+    """What happened, in a few words after the job: ``run 7 success 3.2s``, ``alert failing: 1 failure in a row``."""
+    detail = event.detail
+    run = f"run {event.run_id}"
+    took = f" {format_duration(timedelta(seconds=float(detail['seconds'])))}" if "seconds" in detail else ""
+    error = f": {first_line(str(detail['error']), limit=ERROR_WIDTH)}" if detail.get("error") else ""
+    if event.kind == "run_started":
+        words = f"{run} by {detail.get('owner')}, token {detail.get('token')}"
+        if detail.get("slot") is not None:
+            words += f", slot {utc(datetime.fromisoformat(str(detail['slot'])))}"
+        if detail.get("idempotency_key") is not None:
+            words += f", key {detail['idempotency_key']}"
+        return words
+    if event.kind == "run_ended":
+        return f"{run} {detail.get('status')}{took}{error}"
+    if event.kind == "run_lost":
+        return f"{run} lost ({detail.get('reason')}){took}{error}"
+    if event.kind == "run_cancelled":
+        return f"{run} cancelled{took}{error}"
+    if event.kind == "cancel_requested":
+        return f"{run} asked to stop (held by {detail.get('owner')}, token {detail.get('token')})"
+    if event.kind == "job_paused":
+        return f"paused ({detail['reason']})" if detail.get("reason") else "paused"
+    if event.kind == "job_resumed":
+        return f"resumed (had been paused: {detail['pause_reason']})" if detail.get("pause_reason") else "resumed"
+    if event.kind in ("alert_raised", "alert_cleared"):
+        about = f" ({run})" if event.run_id is not None else ""
+        state = "" if event.kind == "alert_raised" else " cleared"
+        return f"alert {detail.get('alert')}{state}{about}: {detail.get('message')}"
+    return json.dumps(detail, ensure_ascii=False, default=str)  # a kind added later: its detail as it is
+
+
+class EventLines:
+    """One line per event, ``#12  2026-12-01 14:00:01Z  run_ended  backup  run 7 success 3.2s``.
+
+    The columns are as wide as the widest id and job (up to :data:`JOB_WIDTH`)
+    of the events it was made with, and widen, never narrow, as later ones
+    come: a stream stays aligned without knowing its end.
+    """
+
+    def __init__(self, events: Iterable[Event] = ()) -> None:
+        self._id_width = 0
+        self._job_width = 0
+        for event in events:
+            self._widen(event)
+
+    def _widen(self, event: Event) -> None:
+        self._id_width = max(self._id_width, len(str(event.event_id)))
+        self._job_width = min(max(self._job_width, len(event.job)), JOB_WIDTH)
+
+    def line(self, event: Event) -> str:
+        self._widen(event)
+        return (f"#{event.event_id:<{self._id_width}}  {utc(event.at)}  {event.kind:<{KIND_WIDTH}}  "
+                f"{event.job:<{self._job_width}}  {event_summary(event)}")
 
 
 # -- report rows (`jobledger report`) ----------------------------------------------

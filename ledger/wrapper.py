@@ -57,6 +57,7 @@ from ledger import queries
 from ledger.client import Ledger, RunContext
 from ledger.durations import format_duration
 from ledger.errors import InvalidArgument, LeaseLost, LedgerError
+from ledger.heartbeat import LOST_REASONS
 from ledger.text import first_line
 
 EXIT_TIMEOUT = 123
@@ -71,8 +72,8 @@ EXIT_CODES: dict[str, str] = {
     "1-122": "CMD's own exit code: it failed, the run is recorded as failure with its stderr tail",
     "123": "--timeout: CMD ran longer and was stopped (SIGTERM, SIGKILL after --grace); "
            "the run is recorded as failure, `timeout: ran longer than ...`",
-    "124": "the lease was lost while CMD ran: CMD was stopped (SIGTERM, SIGKILL after --grace), "
-           "the run is not a success",
+    "124": "the lease was lost while CMD ran, or an operator cancelled the run (jobledger cancel): CMD was "
+           "stopped (SIGTERM, SIGKILL after --grace), the run is not a success",
     "125": "the wrapper could not start or end the run (database unreachable, ledger error): "
            "CMD did not run, or its end is not recorded",
     "126": "CMD is not executable (the run is recorded as failure)",
@@ -446,7 +447,8 @@ class Wrapper:
                 kill_at = kill_at if kill_at is not None else now + grace
             if lost_at is None and run.is_lost():  # marked lost, or past the local deadline
                 lost_at = now
-                self._say(f"lease lost: stopping the command (SIGTERM, SIGKILL in {format_duration(self._options.grace)})")
+                what = "cancelled by an operator" if _cancelled(run) else "lease lost"
+                self._say(f"{what}: stopping the command (SIGTERM, SIGKILL in {format_duration(self._options.grace)})")
                 self._signal(process, signal.SIGTERM)
                 kill_at = min(kill_at, now + grace) if kill_at is not None else now + grace
             if deadline is not None and timed_out_at is None and lost_at is None and now >= deadline:
@@ -465,6 +467,8 @@ class Wrapper:
             lost = run.lost_error
             reason = lost.reason if lost is not None else "lease lost"
             how = "SIGTERM, then SIGKILL after the grace" if killed else "SIGTERM"
+            if _cancelled(run):
+                return _Ending(code, f"{reason}: command stopped with {how}; {status}", lost=True)
             return _Ending(code, f"lease lost ({reason}): command stopped with {how}; {status}", lost=True)
         if self._signals.received:
             number = self._signals.received[0]
@@ -512,6 +516,12 @@ class Wrapper:
         summary = first_line(ending.error) if ending.error else (result.error or "")
         verdict = "cancelled" if result.failure_reason == "cancelled" else f"failed ({result.failure_reason})"
         self._say(f"run {result.run_id} {verdict}: {summary}")
+
+
+def _cancelled(run: RunContext) -> bool:
+    """Whether the run was lost because an operator cancelled it (``jobledger cancel``)."""
+    lost = run.lost_error
+    return lost is not None and lost.reason == LOST_REASONS["cancelled"]
 
 
 def _local(moment: datetime | None) -> str:

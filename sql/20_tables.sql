@@ -150,7 +150,13 @@ CREATE TABLE ledger.counters (
     --   running_*       the running run;
     --   done_slot       the newest slot that succeeded;
     --   longest_success the longest successful run;
-    --   consecutive_failures  failures started after the last success started.
+    --   consecutive_failures  failures started after the last success started;
+    --   latest_end      the latest end of any of its runs;
+    --   overlap_run_id  the newest run that started before an earlier run
+    --                   ended (none: NULL), the alerts' overlap audit in
+    --                   O(1) per job. The writers start a run only once the
+    --                   previous one ended, so only a write past the
+    --                   functions or a clock stepped back sets it.
     last_run_id             bigint,
     last_status             text,
     last_started_at         timestamptz,
@@ -163,6 +169,8 @@ CREATE TABLE ledger.counters (
     done_slot               timestamptz,
     longest_success         interval,
     consecutive_failures    bigint NOT NULL DEFAULT 0,
+    latest_end              timestamptz,
+    overlap_run_id          bigint,
     CONSTRAINT counters_non_negative CHECK (
         runs_started >= 0 AND successes >= 0 AND failures >= 0
         AND skipped_overlap >= 0 AND skipped_backfill >= 0 AND leases_lost >= 0

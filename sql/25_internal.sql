@@ -420,9 +420,10 @@ BEGIN
         RETURN;
     END IF;
     INSERT INTO ledger.counters AS c (job, failures, leases_lost, consecutive_failures,
-                                      last_run_id, last_status, last_started_at, last_completed_at)
-    VALUES (run.job, 1, 1, 1, run.run_id, 'failure', run.started_at, v_end)
+                                      last_run_id, last_status, last_started_at, last_completed_at, latest_end)
+    VALUES (run.job, 1, 1, 1, run.run_id, 'failure', run.started_at, v_end, v_end)
     ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
+        latest_end           = greatest(c.latest_end, v_end),
         failures             = c.failures + 1,
         leases_lost          = c.leases_lost + 1,
         consecutive_failures = c.consecutive_failures
@@ -488,7 +489,19 @@ BEGIN
             (SELECT count(*) FROM ledger.job_execution_log f
               WHERE f.job = c.job AND f.status = 'failure'
                 AND f.started_at > coalesce((SELECT max(s.started_at) FROM ledger.job_execution_log s
-                                              WHERE s.job = c.job AND s.status = 'success'), '-infinity'))
+                                              WHERE s.job = c.job AND s.status = 'success'), '-infinity')),
+        latest_end =
+            (SELECT max(r.completed_at) FROM ledger.job_execution_log r WHERE r.job = c.job),
+        -- as ledger.overlaps defines an overlap, over the job's whole log
+        overlap_run_id =
+            (SELECT o.run_id
+               FROM (SELECT r.run_id, r.started_at,
+                            max(coalesce(r.completed_at, 'infinity')) OVER (
+                                ORDER BY r.started_at, r.run_id
+                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier_end
+                       FROM ledger.job_execution_log r WHERE r.job = c.job) o
+              WHERE o.earlier_end > o.started_at
+              ORDER BY o.started_at DESC, o.run_id DESC LIMIT 1)
      WHERE c.job = ANY (jobs);
 END
 $$;

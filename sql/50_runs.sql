@@ -196,7 +196,11 @@ BEGIN
                                   THEN excluded.last_started_at ELSE c.last_started_at END,
         running_run_id     = excluded.running_run_id,
         running_token      = excluded.running_token,
-        running_started_at = excluded.running_started_at;
+        running_started_at = excluded.running_started_at,
+        -- started before an earlier run ended: only a clock stepped back can
+        -- do that here (the previous run was closed above, at v_now)
+        overlap_run_id     = CASE WHEN excluded.last_started_at < c.latest_end THEN excluded.running_run_id
+                                  ELSE c.overlap_run_id END;
     v_result.outcome := 'started';
     v_result.token := v_lease.token;
     v_result.expires_at := v_lease.expires_at;
@@ -457,6 +461,7 @@ BEGIN
         longest_success         = CASE WHEN v_run.status = 'success'
                                        THEN greatest(c.longest_success, v_run.completed_at - v_run.started_at)
                                        ELSE c.longest_success END,
+        latest_end              = greatest(c.latest_end, v_run.completed_at),
         -- failures that started after the last success: none after this one
         consecutive_failures    = CASE
                                       WHEN v_run.status <> 'success'
@@ -573,9 +578,11 @@ BEGIN
         -- One closed run per job at most (one running run per job): count
         -- it and note it in the job's state, as ledger._close_lost does.
         INSERT INTO ledger.counters AS c (job, failures, leases_lost, consecutive_failures,
-                                          last_run_id, last_status, last_started_at, last_completed_at)
-        SELECT closed.job, 1, 1, 1, closed.run_id, 'failure', closed.started_at, closed.completed_at FROM closed
+                                          last_run_id, last_status, last_started_at, last_completed_at, latest_end)
+        SELECT closed.job, 1, 1, 1, closed.run_id, 'failure', closed.started_at, closed.completed_at,
+               closed.completed_at FROM closed
         ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
+            latest_end           = greatest(c.latest_end, excluded.latest_end),
             failures             = c.failures + 1,
             leases_lost          = c.leases_lost + 1,
             consecutive_failures = c.consecutive_failures

@@ -483,8 +483,9 @@ BEGIN
             ON CONFLICT ON CONSTRAINT purged_keys_pkey DO NOTHING
         )
         -- The jobs whose state the removed rows were part of: their last
-        -- run, their longest success, or a failure since their last success
-        -- (the newest successes stay, and so do running runs).
+        -- run, their longest success, a failure since their last success
+        -- (the newest successes stay, and so do running runs), or their
+        -- overlap.
         SELECT count(*),
                array_agg(DISTINCT purged.job::text)
                    FILTER (WHERE c.job IS NULL OR purged.run_id = c.last_run_id
@@ -492,7 +493,8 @@ BEGIN
                                   AND (purged.completed_at - purged.started_at >= c.longest_success
                                        OR purged.started_at >= c.last_success_started_at))
                               OR (purged.status = 'failure'
-                                  AND purged.started_at > coalesce(c.last_success_started_at, '-infinity')))
+                                  AND purged.started_at > coalesce(c.last_success_started_at, '-infinity'))
+                              OR purged.run_id = c.overlap_run_id)
           INTO v_count, v_jobs
           FROM purged LEFT JOIN ledger.counters c ON c.job = purged.job;
         v_deleted := v_deleted + v_count;

@@ -200,8 +200,10 @@ SELECT j.job,
        END                                                   AS since,
        CASE j.state
            WHEN 'paused' THEN CASE j.pause_reason
-                                  WHEN 'failures' THEN format('paused after %s failures in a row',
-                                                              j.consecutive_failures)
+                                  WHEN 'failures' THEN format('paused after %s failure%s in a row',
+                                                              j.consecutive_failures,
+                                                              CASE WHEN j.consecutive_failures = 1 THEN ''
+                                                                   ELSE 's' END)
                                   ELSE 'paused by an operator' END
            WHEN 'overrun' THEN format('running for %s, over its max_runtime %s',
                                       date_trunc('second', now() - j.running_started_at), j.max_runtime)
@@ -214,7 +216,8 @@ SELECT j.job,
            WHEN 'late' THEN format('a slot due %s ago was not started within %s',
                                    date_trunc('second', now() - ledger._slot_after(j.schedule_spec, j.time_zone, j.done)),
                                    j.grace)
-           WHEN 'failing' THEN format('%s failures in a row', j.consecutive_failures)
+           WHEN 'failing' THEN format('%s failure%s in a row', j.consecutive_failures,
+                                      CASE WHEN j.consecutive_failures = 1 THEN '' ELSE 's' END)
            WHEN 'never_run' THEN 'no run yet'
            ELSE 'ok'
        END                                                   AS reason,
@@ -236,9 +239,11 @@ SELECT j.job,
 COMMENT ON VIEW ledger.job_health IS
     'One health state per known job (paused, overrun, running, down, late, failing, never_run, ok), since when, why';
 
--- One row per live problem. Every part reads per job (the jobs' state), and
--- the overlap part audits each job's newest 1,000 runs (ledger.overlaps is
--- the audit of the whole log), so alerts do not grow with the log's length.
+-- One row per live problem. Every part reads per job (the jobs' state,
+-- ledger.counters: ledger.overlaps is the audit of the whole log), so
+-- alerts do not grow with the log's length.
+-- Read it with jit off (ledger.report.read_only_transaction and
+-- ledger.sync_alerts do): JIT-compiling this plan costs more than running it.
 CREATE VIEW ledger.alerts AS
 WITH s AS MATERIALIZED (
     -- job_status once for the three parts that read it (its overdue test
@@ -287,21 +292,16 @@ SELECT 'consecutive_failures', s.job, s.last_run_id,
   FROM s
  WHERE s.consecutive_failures >= 3
 UNION ALL
-SELECT 'overlap', o.job, o.run_id,
-       format('runs %s and %s overlap', a.run_id, o.run_id), o.started_at
-  FROM (SELECT w.*, max(coalesce(w.completed_at, 'infinity')) OVER (
-                 PARTITION BY w.job ORDER BY w.started_at, w.run_id
-                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier_end
-          FROM ledger.counters c
-         CROSS JOIN LATERAL (
-               SELECT r.run_id, r.job, r.started_at, r.completed_at FROM ledger.job_execution_log r
-                WHERE r.job = c.job ORDER BY r.started_at DESC LIMIT 1000) w
-         WHERE c.last_run_id IS NOT NULL) o
-  JOIN ledger.job_execution_log a
-    ON a.job = o.job
-   AND (a.started_at, a.run_id) < (o.started_at, o.run_id)
-   AND coalesce(a.completed_at, 'infinity') > o.started_at
- WHERE o.earlier_end > o.started_at
+-- A run that started before an earlier run of its job ended (the job's
+-- state keeps the newest: ledger.counters.overlap_run_id): O(1) per job.
+-- ledger.overlaps lists every pair, over the whole log.
+SELECT 'overlap', c.job, c.overlap_run_id,
+       format('run %s started before an earlier run of the job ended (ledger.overlaps lists the pairs)',
+              c.overlap_run_id),
+       r.started_at
+  FROM ledger.counters c
+  LEFT JOIN ledger.job_execution_log r ON r.run_id = c.overlap_run_id
+ WHERE c.overlap_run_id IS NOT NULL
 UNION ALL
 SELECT 'ttl_too_short', t.job, NULL,
        format('ttl %s is under 1.5 times the longest successful run (%s)', t.ttl, t.longest_run), NULL

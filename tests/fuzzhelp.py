@@ -544,8 +544,11 @@ def strategy_for(arg: Arg, live: Live) -> st.SearchStrategy[Any]:
         return zones()
     if key == ("command", "text"):
         return commands()
-    if key == ("with_history", "boolean"):
+    if key in {("with_history", "boolean"), ("run_events", "boolean"), ("notify", "boolean")}:
         return st.one_of(st.none(), st.booleans())
+    if key == ("max_events", "bigint"):
+        return st.one_of(st.none(), st.sampled_from([999, 1000, 1_000_000_000, 1_000_000_001, 0, -1]),
+                         st.integers(-2**63, 2**63 - 1))
     if key in {("max_backfill", "integer"), ("count", "integer"), ("pause_after_failures", "integer")}:
         return integers32()
     raise LookupError(f"no fuzz strategy for argument {arg.name} {arg.type}: add one to tests/fuzzhelp.py")
@@ -582,6 +585,10 @@ def friendly(live: Live) -> dict[str, st.SearchStrategy[Any]]:
         "max_runtime": known([None, "0", "1 second", "2 hours"]),
         "pause_after_failures": known([None, 0, 1, 3, 1000]),
         "with_history": known([False, True]),
+        "run_events": known([None, False, True]),
+        "notify": known([None, False, True]),
+        "retention": known([None, "1 hour", "7 days", "36500 days"]),
+        "max_events": known([None, 1000, 1_000_000]),
         "from_slot": known(live.slots, "2026-01-01 00:00+00"),
         "to_slot": known(live.slots, "now"),
         "after": st.one_of(st.none(), known(live.slots, "now"),
@@ -603,7 +610,9 @@ def draw_values(data: Any, sig: Signature, live: Live,
     with a DEFAULT is left out one time in four."""
     names = [a.name for a in sig.args]
     mode = data.draw(st.integers(0, 7), label="hostile: 0-4 one, 5 two, 6 every, 7 no argument")
-    if mode <= 4:
+    if not names:  # a function of no arguments: its call under the session is the test
+        hostile: set[str] = set()
+    elif mode <= 4:
         hostile = {data.draw(st.sampled_from(names), label="hostile argument")}
     elif mode == 5:
         hostile = set(data.draw(st.lists(st.sampled_from(names), min_size=2, max_size=2), label="hostile arguments"))
@@ -702,6 +711,7 @@ DURATION_BOUNDS = {  # argument -> upper bound in microseconds (a duration has n
     "down_after": 365 * 86_400_000_000,
     "min_runtime": 365 * 86_400_000_000,
     "max_runtime": 365 * 86_400_000_000,
+    "retention": 36_500 * 86_400_000_000,  # configure_events
 }
 ZERO_CLEARS = frozenset({"late_after", "down_after", "min_runtime", "max_runtime"})
 LABEL_ARGS = frozenset({"job", "owner", "resource", "idempotency_key"})
@@ -837,6 +847,8 @@ def bound_violations(call: Call, facts: dict[str, Any]) -> list[str]:
             problems.append(f"max_backfill {fact} is outside 1 to 1000")
         elif arg.name == "pause_after_failures" and not 0 <= fact <= 1000:
             problems.append(f"pause_after_failures {fact} is outside 0 to 1000")
+        elif arg.name == "max_events" and not 1000 <= fact <= 1_000_000_000:
+            problems.append(f"max_events {fact} is outside 1000 to 1000000000")
         elif arg.name == "count" and not 1 <= fact <= 1000:
             problems.append(f"count {fact} is outside 1 to 1000")
         elif arg.name == "command" and re.fullmatch(r"[ \t\n\r\f\v]*", value):
@@ -896,10 +908,10 @@ def recorded_failure(before: Snapshot, after: Snapshot, error: psycopg.Error) ->
 
 
 def stray_changes(before: Snapshot, after: Snapshot, job: str) -> list[str]:
-    """Changed rows that are not `job`'s run, lease, counters or skipped slots."""
+    """Changed rows that are not `job`'s run, lease, counters, skipped slots or events."""
     changed = set(before) ^ set(after)
     return [f"  {table}: {short(text, 300)}" for table, text in sorted(changed)
-            if table not in {"job_execution_log", "leases", "counters", "skipped_slots"}
+            if table not in {"job_execution_log", "leases", "counters", "skipped_slots", "events"}
             or _row(text).get("job") != job]
 
 
@@ -978,7 +990,9 @@ class Fuzz:
         self.observer.execute(
             "CREATE FUNCTION fuzz_seed.restore() RETURNS void LANGUAGE plpgsql AS $$ BEGIN"
             " PERFORM set_config('session_replication_role', 'replica', true); "
-            + " ".join(body) + " END $$")
+            + " ".join(body)
+            # the event triggers follow ledger.event_settings again
+            + " PERFORM ledger.configure_events(); END $$")
 
     def restore(self) -> None:
         """Put the seed back (nothing to do when no call changed it since)."""

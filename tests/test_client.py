@@ -405,6 +405,50 @@ def test_the_plain_sql_api_round_trips_typed_rows(ledger):
     assert ledger.reap_expired() == 0
 
 
+def _runs(ledger, *ends: tuple[str, str | None]) -> None:
+    """A run of each job, in turn, ended with success or (an error) failure."""
+    for job, error in ends:
+        start = ledger.start_run(job, ttl=timedelta(minutes=1))
+        assert start.run_id is not None and start.token is not None
+        if error is None:
+            ledger.complete_run(start.run_id, start.token)
+        else:
+            ledger.fail_run(start.run_id, start.token, error)
+
+
+def test_the_events_are_read_newest_first_or_after_one_by_job_and_kind(ledger):
+    _runs(ledger, ("backup", None), ("report", "boom"), ("backup", None))
+    every = ledger.events()
+    assert [(e.kind, e.job) for e in every] == [
+        ("run_started", "backup"), ("run_ended", "backup"), ("run_started", "report"), ("run_ended", "report"),
+        ("run_started", "backup"), ("run_ended", "backup")]
+    assert [e.event_id for e in every] == sorted(e.event_id for e in every)
+    assert (every[3].detail["status"], every[3].detail["error"]) == ("failure", "boom")
+    assert (every[1].detail["status"], every[1].detail["owner"]) == ("success", "worker-1")
+    assert ledger.events(limit=2) == every[-2:]  # the newest, oldest first
+    assert ledger.events(every[1].event_id, limit=2) == every[2:4]  # the first after one
+    assert ledger.events(job="report") == every[2:4]
+    assert ledger.events(kinds=["run_ended"], job="backup") == [every[1], every[5]]
+    assert ledger.events(every[-1].event_id) == []
+
+
+def test_the_event_settings_change_as_given_the_alerts_sync_once_and_old_events_purge(ledger, db):
+    assert ledger.event_settings() == ledger.configure_events()  # no option: as they are
+    changed = ledger.configure_events(run_events=False, retention=timedelta(days=30))
+    assert (changed.run_events, changed.notify, changed.retention, changed.max_events) == \
+        (False, False, timedelta(days=30), 1000000)
+    assert ledger.event_settings() == changed
+    _runs(ledger, ("quiet", "boom"))  # no run events now; the alert is the sync's
+    [raised] = ledger.sync_alerts()
+    assert (raised.kind, raised.job, raised.detail["alert"]) == ("alert_raised", "quiet", "failing")
+    assert ledger.sync_alerts() == []  # recorded once
+    assert ledger.events() == [raised]
+    assert ledger.purge_events() == 0  # within the retention
+    db.execute("UPDATE ledger.events SET at = at - interval '31 days'")  # the test owns the table
+    assert ledger.purge_events() == 1
+    assert ledger.events() == []
+
+
 def test_heartbeats_use_their_own_connection_from_heartbeat_conninfo(db, dsn):
     conninfo = dsn + " application_name=ledger-heartbeat"
     with Ledger(db, owner="worker-1", heartbeat_conninfo=conninfo) as ledger, \
@@ -424,6 +468,44 @@ def test_a_ledger_over_a_pool_or_a_dsn_runs_the_same(dsn, db):
         with ledger.run("nightly", ttl=timedelta(minutes=1)) as run:
             assert run.started and run.token == 2
     assert settle(db, 0) == 0  # the pool the ledger opened is closed
+
+
+def test_runs_open_together_hold_no_pool_connection_between_their_calls(dsn, db):
+    # 20 runs open at once over a pool of 2: each call (start, heartbeats,
+    # end) borrows a connection and gives it back, so no run waits for
+    # another to end (holding one per run, the third would wait for ever).
+    many = 20
+    open_runs: list[int] = []
+    failures: list[BaseException] = []
+    with ConnectionPool(dsn, min_size=1, max_size=2, open=False, kwargs={"autocommit": True}) as pool:
+        ledger = Ledger(pool, owner="many")
+
+        def worker(n: int) -> None:
+            try:
+                with ledger.run(f"many-{n}", ttl=timedelta(seconds=30),
+                                heartbeat_interval=timedelta(milliseconds=100)) as run:
+                    open_runs.append(n)
+                    deadline = time.monotonic() + 60
+                    while len(open_runs) < many or not heartbeated(run.run_id):
+                        assert time.monotonic() < deadline, f"{len(open_runs)} of {many} runs open"
+                        sleep(0.05)
+                assert run.result is not None and run.result.status == "success"
+            except BaseException as error:
+                failures.append(error)
+
+        def heartbeated(run_id: int | None) -> bool:
+            row = one(db, "SELECT heartbeat_at > started_at FROM ledger.job_execution_log WHERE run_id = %s",
+                      (run_id,))
+            return bool(row[0])
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(many)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not failures, failures[0]
+        assert pool.get_stats()["pool_size"] <= 2
+    assert one(db, "SELECT count(*) FROM ledger.job_execution_log WHERE status = 'success'")[0] == many
 
 
 def test_no_thread_or_connection_leaks_after_1000_runs(dsn, db):

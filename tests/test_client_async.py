@@ -505,6 +505,50 @@ async def test_the_plain_sql_api_round_trips_typed_rows(aledger):
     assert await aledger.reap_expired() == 0
 
 
+async def _runs(aledger, *ends: tuple[str, str | None]) -> None:
+    """A run of each job, in turn, ended with success or (an error) failure."""
+    for job, error in ends:
+        start = await aledger.start_run(job, ttl=timedelta(minutes=1))
+        assert start.run_id is not None and start.token is not None
+        if error is None:
+            await aledger.complete_run(start.run_id, start.token)
+        else:
+            await aledger.fail_run(start.run_id, start.token, error)
+
+
+async def test_the_events_are_read_newest_first_or_after_one_by_job_and_kind(aledger):
+    await _runs(aledger, ("backup", None), ("report", "boom"), ("backup", None))
+    every = await aledger.events()
+    assert [(e.kind, e.job) for e in every] == [
+        ("run_started", "backup"), ("run_ended", "backup"), ("run_started", "report"), ("run_ended", "report"),
+        ("run_started", "backup"), ("run_ended", "backup")]
+    assert [e.event_id for e in every] == sorted(e.event_id for e in every)
+    assert (every[3].detail["status"], every[3].detail["error"]) == ("failure", "boom")
+    assert (every[1].detail["status"], every[1].detail["owner"]) == ("success", "worker-1")
+    assert await aledger.events(limit=2) == every[-2:]  # the newest, oldest first
+    assert await aledger.events(every[1].event_id, limit=2) == every[2:4]  # the first after one
+    assert await aledger.events(job="report") == every[2:4]
+    assert await aledger.events(kinds=["run_ended"], job="backup") == [every[1], every[5]]
+    assert await aledger.events(every[-1].event_id) == []
+
+
+async def test_the_event_settings_change_as_given_the_alerts_sync_once_and_old_events_purge(aledger, adb):
+    assert await aledger.event_settings() == await aledger.configure_events()  # no option: as they are
+    changed = await aledger.configure_events(run_events=False, retention=timedelta(days=30))
+    assert (changed.run_events, changed.notify, changed.retention, changed.max_events) == \
+        (False, False, timedelta(days=30), 1000000)
+    assert await aledger.event_settings() == changed
+    await _runs(aledger, ("quiet", "boom"))  # no run events now; the alert is the sync's
+    [raised] = await aledger.sync_alerts()
+    assert (raised.kind, raised.job, raised.detail["alert"]) == ("alert_raised", "quiet", "failing")
+    assert await aledger.sync_alerts() == []  # recorded once
+    assert await aledger.events() == [raised]
+    assert await aledger.purge_events() == 0  # within the retention
+    await adb.execute("UPDATE ledger.events SET at = at - interval '31 days'")  # the test owns the table
+    assert await aledger.purge_events() == 1
+    assert await aledger.events() == []
+
+
 async def test_heartbeats_use_their_own_connection_from_heartbeat_conninfo(adb, dsn):
     conninfo = dsn + " application_name=ledger-heartbeat"
     async with AsyncLedger(adb, owner="worker-1", heartbeat_conninfo=conninfo) as ledger, \
@@ -524,6 +568,47 @@ async def test_a_ledger_over_a_pool_or_a_dsn_runs_the_same(dsn, adb):
         async with ledger.run("nightly", ttl=timedelta(minutes=1)) as run:
             assert run.started and run.token == 2
     assert await settle(adb, 0) == 0  # the pool the ledger opened is closed
+
+
+async def test_runs_open_together_hold_no_pool_connection_between_their_calls(dsn, adb):
+    # 20 runs open at once over a pool of 2: each call (start, heartbeats,
+    # end) borrows a connection and gives it back, so no run waits for
+    # another to end (holding one per run, the third would wait for ever).
+    many = 20
+    open_runs: list[int] = []
+    failures: list[BaseException] = []
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False, kwargs={"autocommit": True}) as apool:
+        ledger = AsyncLedger(apool, owner="many")
+
+        async def worker(n: int) -> None:
+            try:
+                async with ledger.run(f"many-{n}", ttl=timedelta(seconds=30),
+                                      heartbeat_interval=timedelta(milliseconds=100)) as run:
+                    open_runs.append(n)
+                    deadline = time.monotonic() + 60
+                    while len(open_runs) < many or not await heartbeated(run.run_id):
+                        assert time.monotonic() < deadline, f"{len(open_runs)} of {many} runs open"
+                        await asleep(0.05)
+                assert run.result is not None and run.result.status == "success"
+            except BaseException as error:
+                failures.append(error)
+
+        async def heartbeated(run_id: int | None) -> bool:
+            row = await one(adb, "SELECT heartbeat_at > started_at FROM ledger.job_execution_log WHERE run_id = %s",
+                            (run_id,))
+            return bool(row[0])
+
+        if ASYNC:
+            await asyncio.gather(*(worker(n) for n in range(many)))
+        else:
+            threads = [threading.Thread(target=worker, args=(n,)) for n in range(many)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(120)
+        assert not failures, failures[0]
+        assert apool.get_stats()["pool_size"] <= 2
+    assert (await one(adb, "SELECT count(*) FROM ledger.job_execution_log WHERE status = 'success'"))[0] == many
 
 
 async def test_no_task_thread_or_connection_leaks_after_1000_runs(dsn, adb):

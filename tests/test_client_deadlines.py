@@ -343,8 +343,10 @@ def test_the_statement_timeout_travels_with_each_call_and_stays_in_it(dsn, db):
         control.timeout = 5
         assert control.execute("SHOW statement_timeout", {}, psycopg.rows.tuple_row) == [("5s",)]
         # Local to the call's transaction: the session keeps its own setting.
-        assert control._conn is not None
-        assert control._conn.execute("SHOW statement_timeout").fetchone() == ("0",)
+        # The call gave its connection back to the ledger's spares: it is idle there.
+        assert control._conn is None and ledger._spares is not None
+        [spare] = ledger._spares._idle
+        assert spare.execute("SHOW statement_timeout").fetchone() == ("0",)
     finally:
         control.close()
     assert db.execute("SHOW statement_timeout").fetchone() == ("0",)

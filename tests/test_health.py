@@ -147,7 +147,7 @@ def test_failing_then_pause_after_failures_pauses_the_job_in_the_transaction_of_
     run_once(db, "flaky", fail="boom")
     row = health(db, "flaky")
     assert row["state"] == "failing" and row["since"] == row["last_success_at"]
-    assert alerts(db, "flaky")["failing"]["message"] == "1 failures in a row"
+    assert alerts(db, "flaky")["failing"]["message"] == "1 failure in a row"
     with db.transaction():
         run_once(db, "flaky", fail="boom")
         assert value(db, "SELECT pause_reason FROM ledger.jobs WHERE job = 'flaky'") == "failures"
@@ -287,7 +287,7 @@ def test_jobledger_health_exits_1_for_a_job_in_trouble(dsn, db):
     result = jobledger("health", "fine", dsn=dsn)
     assert result.returncode == 0 and "fine" in result.stdout and "ok" in result.stdout, result.stderr
     result = jobledger("health", dsn=dsn)
-    assert result.returncode == 1 and "failing" in result.stdout and "1 failures in a row" in result.stdout
+    assert result.returncode == 1 and "failing" in result.stdout and "1 failure in a row" in result.stdout
     result = jobledger("health", "nope", dsn=dsn)
     assert result.returncode == 1 and "nope" in result.stderr
 

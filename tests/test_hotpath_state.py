@@ -6,7 +6,7 @@ from sqlhelp import rows
 
 STATE = """SELECT job, last_run_id, last_status, last_started_at, last_completed_at, last_success_started_at,
                   last_success_at, running_run_id, running_token, running_started_at, done_slot, longest_success,
-                  consecutive_failures FROM ledger.counters ORDER BY job"""
+                  consecutive_failures, latest_end, overlap_run_id FROM ledger.counters ORDER BY job"""
 
 
 def assert_state_is_the_logs(db):
@@ -41,3 +41,33 @@ def test_state_follows_starts_ends_takeovers_reaps_and_purges(db):
     assert_state_is_the_logs(db)
     assert db.execute("SELECT ledger.purge_log('1 day')").fetchone()[0] > 0
     assert_state_is_the_logs(db)
+
+
+def test_an_overlap_is_kept_in_the_state_alerted_in_o1_and_agrees_with_the_audit(db):
+    def run(job: str) -> int:
+        r = db.execute("SELECT run_id, token FROM ledger.start_run(%s, 'o', '1 hour')", (job,)).fetchone()
+        db.execute("SELECT ledger.complete_run(%s, %s)", r)
+        return r[0]
+
+    first, second = run("j"), run("j")
+    assert rows(db, "SELECT * FROM ledger.alerts WHERE alert = 'overlap'") == []
+    # A hand edit (the trigger recomputes the state from the log): the first
+    # run now ends an hour later, over the second.
+    db.execute("UPDATE ledger.job_execution_log SET completed_at = completed_at + interval '1 hour'"
+               " WHERE run_id = %s", (first,))
+    [alert] = rows(db, "SELECT * FROM ledger.alerts WHERE alert = 'overlap'")
+    assert (alert["job"], alert["run_id"]) == ("j", second)
+    assert [(o["run_id"], o["other_run_id"]) for o in rows(db, "SELECT * FROM ledger.overlaps")] == [(first, second)]
+    assert_state_is_the_logs(db)
+    # The writers' own check, as when the server's clock is stepped back: a
+    # new run starts before the latest end the job has seen.
+    third = run("j")
+    [alert] = rows(db, "SELECT * FROM ledger.alerts WHERE alert = 'overlap'")
+    assert alert["run_id"] == third and "started before an earlier run" in alert["message"]
+    assert {o["other_run_id"] for o in rows(db, "SELECT * FROM ledger.overlaps")} == {second, third}
+    assert_state_is_the_logs(db)
+    # Undone by hand: the alert goes with it.
+    db.execute("UPDATE ledger.job_execution_log SET completed_at = completed_at - interval '1 hour'"
+               " WHERE run_id = %s", (first,))
+    assert rows(db, "SELECT * FROM ledger.alerts WHERE alert = 'overlap'") == []
+    assert rows(db, "SELECT * FROM ledger.overlaps") == []

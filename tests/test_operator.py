@@ -85,8 +85,12 @@ def test_cancel_asks_jobledger_run_to_stop_cmd_and_the_run_is_recorded_cancelled
             wrapper.wait()
     stderr = wrapper.stderr.read() if wrapper.stderr else ""
     assert code == 124, stderr  # the lease is lost to it: CMD stopped
-    assert "stopping the command" in stderr
+    # it says an operator cancelled it, and the end the ledger recorded, not a failure to record one
+    assert "cancelled by an operator: stopping the command" in stderr, stderr
+    assert "an operator cancelled the run (ledger.request_cancel)" in stderr, stderr
+    assert "could not record its end" not in stderr, stderr
     [row] = runs_of(db, "long")
+    assert f"run {row['run_id']} cancelled: " in stderr, stderr
     assert (row["status"], row["failure_reason"]) == ("failure", "cancelled")
     assert str(row["error"]).startswith("cancelled by an operator") and row["cancel_requested_at"] is not None
     ended = jobledger("cancel", str(row["run_id"]), dsn=dsn)
@@ -109,7 +113,9 @@ def test_the_python_client_marks_a_cancelled_run_lost_and_calls_on_lost(dsn, db)
                             on_lost=on_lost) as run:
                 assert Ledger(db).request_cancel(run.run_id) is True  # type: ignore[arg-type]
                 assert seen.wait(10) and run.lost.is_set()
-    assert len(lost) == 1
+    assert len(lost) == 1 and lost[0].reason == "an operator cancelled the run (ledger.request_cancel)"
+    # the run's end as the ledger recorded it
+    assert run.result is not None and (run.result.status, run.result.failure_reason) == ("failure", "cancelled")
     [row] = runs_of(db, "py")
     assert (row["status"], row["failure_reason"]) == ("failure", "cancelled")
 

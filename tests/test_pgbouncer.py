@@ -135,8 +135,10 @@ def test_contexts_over_callers_connections_heartbeat_and_fence_through_the_bounc
                 for _ in range(5):
                     with ledger.run(f"job-{n}", ttl=timedelta(seconds=1),
                                     heartbeat_interval=timedelta(milliseconds=50)) as run:
-                        assert run._control is not None and run._control._conn is not None
-                        assert run._control._conn.prepare_threshold is None  # taken from conn
+                        # the context's calls take their connections from the ledger's spares,
+                        # opened with conn's setting
+                        assert ledger._spares is not None and ledger._spares._idle
+                        assert all(spare.prepare_threshold is None for spare in ledger._spares._idle)
                         for _ in range(4):
                             time.sleep(0.1)  # heartbeats meanwhile, on the context's own connection
                             with conn.transaction():

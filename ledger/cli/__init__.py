@@ -7,6 +7,8 @@ group of commands:
 - ``ledger.cli.jobs``: ``register``, ``pause``, ``resume``, ``purge``, ``reap``;
 - ``ledger.cli.status``: ``status``, ``runs`` (the tables: ``ledger.render``);
 - ``ledger.cli.next``: ``next``, a schedule's next slots (``ledger.next_slots``, ``ledger.preview_slots``);
+- ``ledger.cli.events``: ``events``, ``watch``, ``configure-events`` (``ledger.events``, ``ledger.tail``);
+- ``ledger.cli.notify``: ``notify``, alert events to a webhook (``ledger.tail``, ``ledger.webhook``);
 - ``ledger.cli.run``: ``run``, the wrapper (``ledger.wrapper``);
 - ``ledger.cli.report``: ``report`` (``ledger.report``);
 - ``ledger.cli.metrics``: ``metrics`` (``ledger.metrics``);
@@ -33,7 +35,7 @@ import sys
 import click
 
 from ledger import __version__
-from ledger.cli import demo, install, jobs, metrics, report, run, status, web
+from ledger.cli import demo, events, install, jobs, metrics, notify, report, run, status, web
 from ledger.cli import next as preview  # not `next`: the builtin
 from ledger.cli._output import Commands
 
@@ -58,6 +60,6 @@ def main() -> None:
         log.propagate = False
 
 
-for _module in (install, jobs, status, preview, run, report, metrics, web, demo):
+for _module in (install, jobs, status, preview, events, notify, run, report, metrics, web, demo):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -7,9 +7,13 @@ The tables and JSON themselves are ``ledger.render``'s.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
+from types import FrameType
 from typing import Any
 
 import click
@@ -74,3 +78,27 @@ def unknown_jobs(jobs: Sequence[str]) -> click.ClickException:
     what = "no job named" if len(jobs) == 1 else "no jobs named"
     return click.ClickException(f"{what} {names} in this ledger (`jobledger status` lists the jobs; "
                                 f"`jobledger register {jobs[0]}` creates one)")
+
+
+# -- stopping -------------------------------------------------------------------------
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """Ctrl-C (SIGINT) and SIGTERM (a service manager's stop) end the block quietly: the way a
+    command that follows the ledger ends, exit 0. A pipe closed by its reader ends it too."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:
+        # `jobledger watch | head`: the reader is gone. Python would complain once more when it
+        # flushes stdout at exit, so stdout goes to /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
