@@ -151,6 +151,11 @@ CREATE TABLE ledger.counters (
     --   done_slot       the newest slot that succeeded;
     --   longest_success the longest successful run;
     --   consecutive_failures  failures started after the last success started;
+    --   next_due        the job's first slot after done_slot (by its
+    --                   schedule; NULL without either): while it is
+    --                   still ahead of now, the next slot is it and no
+    --                   slot is overdue or missed, which the views then
+    --                   read without evaluating the schedule;
     --   latest_end      the latest end of any of its runs;
     --   overlap_run_id  the newest run that started before an earlier run
     --                   ended (none: NULL), the alerts' overlap audit in
@@ -169,6 +174,7 @@ CREATE TABLE ledger.counters (
     done_slot               timestamptz,
     longest_success         interval,
     consecutive_failures    bigint NOT NULL DEFAULT 0,
+    next_due                timestamptz,
     latest_end              timestamptz,
     overlap_run_id          bigint,
     CONSTRAINT counters_non_negative CHECK (

@@ -490,6 +490,12 @@ BEGIN
               WHERE f.job = c.job AND f.status = 'failure'
                 AND f.started_at > coalesce((SELECT max(s.started_at) FROM ledger.job_execution_log s
                                               WHERE s.job = c.job AND s.status = 'success'), '-infinity')),
+        next_due =
+            (SELECT ledger._slot_after(j.schedule_spec, j.time_zone, d.slot)
+               FROM ledger.jobs j,
+                    (SELECT max(r.slot) AS slot FROM ledger.job_execution_log r
+                      WHERE r.job = c.job AND r.status = 'success' AND r.slot IS NOT NULL) d
+              WHERE j.job = c.job AND j.schedule IS NOT NULL AND d.slot IS NOT NULL),
         latest_end =
             (SELECT max(r.completed_at) FROM ledger.job_execution_log r WHERE r.job = c.job),
         -- as ledger.overlaps defines an overlap, over the job's whole log

@@ -458,6 +458,14 @@ BEGIN
                                        THEN v_run.completed_at ELSE c.last_success_at END,
         done_slot               = CASE WHEN v_run.status = 'success' AND v_run.slot IS NOT NULL
                                        THEN greatest(c.done_slot, v_run.slot) ELSE c.done_slot END,
+        -- a success that moves done_slot on: one schedule evaluation here
+        -- saves one per read of job_status and job_health
+        next_due                = CASE WHEN v_run.status = 'success' AND v_run.slot IS NOT NULL
+                                        AND v_run.slot > coalesce(c.done_slot, '-infinity')
+                                       THEN (SELECT ledger._slot_after(j.schedule_spec, j.time_zone, v_run.slot)
+                                               FROM ledger.jobs j
+                                              WHERE j.job = v_run.job AND j.schedule IS NOT NULL)
+                                       ELSE c.next_due END,
         longest_success         = CASE WHEN v_run.status = 'success'
                                        THEN greatest(c.longest_success, v_run.completed_at - v_run.started_at)
                                        ELSE c.longest_success END,

@@ -263,6 +263,12 @@ BEGIN
         updated_at           = CASE WHEN v_new THEN j.updated_at ELSE clock_timestamp() END
      WHERE j.job = register_job.job
     RETURNING * INTO v_job;
+    -- The job's first slot after its newest done one, by the schedule as it
+    -- is now (a composite IS NOT NULL asks for every field: test schedule).
+    UPDATE ledger.counters c
+       SET next_due = CASE WHEN v_job.schedule IS NOT NULL AND c.done_slot IS NOT NULL
+                           THEN ledger._slot_after(v_spec, v_job.time_zone, c.done_slot) END
+     WHERE c.job = register_job.job;
     RETURN v_job;
 END
 $$;

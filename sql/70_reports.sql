@@ -86,8 +86,11 @@ SELECT k.job,
        c.last_success_at                                    AS last_success_at,
        c.running_run_id                                     AS running_run_id,
        now() - c.running_started_at                         AS running_for,
+       -- next_due still ahead: no slot since done_slot, so it is the next
+       -- (no schedule evaluation for a job that keeps up)
        CASE WHEN j.schedule IS NOT NULL AND NOT j.paused
-            THEN ledger._slot_after(j.schedule_spec, j.time_zone, now()) END AS next_slot,
+            THEN CASE WHEN c.next_due > now() THEN c.next_due
+                      ELSE ledger._slot_after(j.schedule_spec, j.time_zone, now()) END END AS next_slot,
        -- Overdue: a slot at least one ttl old (5 minutes without a ttl) has
        -- not succeeded and no live run is on it (a run whose lease expired
        -- is a crash, not progress). A job that never ran counts from its
@@ -95,6 +98,7 @@ SELECT k.job,
        coalesce(j.schedule IS NOT NULL AND NOT j.paused
                 AND NOT (c.running_run_id IS NOT NULL AND l.token = c.running_token
                          AND l.released_at IS NULL AND l.expires_at > now())
+                AND NOT coalesce(c.next_due > now() - coalesce(j.ttl, l.ttl, interval '5 minutes'), false)
                 AND ledger._slot_at_or_before(j.schedule_spec, j.time_zone,
                                               now() - coalesce(j.ttl, l.ttl, interval '5 minutes'))
                     > coalesce(c.done_slot, j.created_at), false) AS overdue,
@@ -143,6 +147,7 @@ WITH known AS (
            coalesce(j.late_after, greatest(coalesce(j.ttl, l.ttl, interval '1 minute'), interval '1 minute')) AS grace,
            c.last_success_at, c.last_success_started_at, c.consecutive_failures, c.running_run_id,
            c.running_started_at, coalesce(c.runs_started, 0) AS runs_started, c.last_completed_at,
+           c.next_due,
            (c.running_run_id IS NOT NULL AND l.token = c.running_token
             AND l.released_at IS NULL AND l.expires_at > now()) AS live,
            -- missed slots lie in (done, upto]
@@ -154,7 +159,7 @@ WITH known AS (
 ), counted AS (
     SELECT b.*,
            CASE WHEN b.schedule IS NULL THEN NULL
-                WHEN now() - b.grace <= b.done THEN 0::bigint
+                WHEN now() - b.grace <= b.done OR b.next_due > now() - b.grace THEN 0::bigint
                 WHEN (b.schedule_spec).kind = 'interval'
                 THEN ledger._slot_count(b.schedule_spec, b.time_zone, b.done, now() - b.grace)
                 ELSE ledger._slot_count(b.schedule_spec, b.time_zone,
@@ -179,6 +184,13 @@ WITH known AS (
                ELSE 'ok'
            END AS state
       FROM counted c
+), dated AS (
+    -- The first slot missed, for late and down: the first after done,
+    -- which the job's state keeps (next_due) when a success moved done on.
+    SELECT j.*,
+           CASE WHEN j.state IN ('late', 'down')
+                THEN coalesce(j.next_due, ledger._slot_after(j.schedule_spec, j.time_zone, j.done)) END AS first_missed
+      FROM judged j
 )
 SELECT j.job,
        j.state,
@@ -190,10 +202,10 @@ SELECT j.job,
                CASE WHEN j.missed_slots >= ledger._down_after_slots()
                     THEN ledger._slot_after(j.schedule_spec, j.time_zone,
                              ledger._slot_after(j.schedule_spec, j.time_zone,
-                                 ledger._slot_after(j.schedule_spec, j.time_zone, j.done))) + j.grace END,
+                                 j.first_missed)) + j.grace END,
                CASE WHEN now() - coalesce(j.last_success_at, j.created_at) > j.down_after
                     THEN coalesce(j.last_success_at, j.created_at) + j.down_after END)
-           WHEN 'late' THEN ledger._slot_after(j.schedule_spec, j.time_zone, j.done) + j.grace
+           WHEN 'late' THEN j.first_missed + j.grace
            WHEN 'failing' THEN coalesce(j.last_success_at, j.created_at)
            WHEN 'never_run' THEN j.created_at
            ELSE coalesce(j.last_success_at, j.last_completed_at)
@@ -214,7 +226,7 @@ SELECT j.job,
                                              j.missed_slots)
                                  ELSE format('no success for over %s', j.down_after) END
            WHEN 'late' THEN format('a slot due %s ago was not started within %s',
-                                   date_trunc('second', now() - ledger._slot_after(j.schedule_spec, j.time_zone, j.done)),
+                                   date_trunc('second', now() - j.first_missed),
                                    j.grace)
            WHEN 'failing' THEN format('%s failure%s in a row', j.consecutive_failures,
                                       CASE WHEN j.consecutive_failures = 1 THEN '' ELSE 's' END)
@@ -235,7 +247,7 @@ SELECT j.job,
        coalesce(j.consecutive_failures, 0)                   AS consecutive_failures,
        CASE WHEN j.live THEN j.running_run_id END            AS running_run_id,
        CASE WHEN j.live THEN now() - j.running_started_at END AS running_for
-  FROM judged j;
+  FROM dated j;
 COMMENT ON VIEW ledger.job_health IS
     'One health state per known job (paused, overrun, running, down, late, failing, never_run, ok), since when, why';
 

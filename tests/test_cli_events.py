@@ -17,6 +17,7 @@ import subprocess
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -520,6 +521,133 @@ def test_notify_once_starts_at_the_newest_event_or_after_the_one_given_and_filte
     assert resent[0]["job"] == "early" and {b["job"] for b in resent[1:]} == {"late", "other"}
 
 
+def _alert_ids(db: psycopg.Connection, after: int = 0) -> list[int]:
+    """The ids of the alert events after ``after``, oldest first."""
+    return value(db, "SELECT coalesce(jsonb_agg(event_id ORDER BY event_id), '[]') FROM ledger.events "
+                     "WHERE kind LIKE 'alert%%' AND event_id > %s", (after,))
+
+
+def _saved(path: Path) -> int | None:
+    """The position a notifier's state file holds (None before it exists)."""
+    return int(json.loads(path.read_text())["after"]) if path.exists() else None
+
+
+def test_notify_with_a_state_file_sends_after_a_restart_what_was_raised_and_cleared_while_it_was_down(
+        dsn, db, hook, tmp_path):
+    state = tmp_path / "notify.json"
+    args = ("notify", "--webhook", hook.url, "--interval", "200ms", "--state-file", str(state))
+    run_once(db, "backup", error="boom")
+    Ledger(db).sync_alerts()  # before the first start: not sent (it starts at the newest event)
+    newest = value(db, "SELECT max(event_id) FROM ledger.events")
+    with Background(*args, dsn=dsn) as first:
+        first.wait_err(f"after event {newest} (position kept in {state}; every 200ms")
+        assert _saved(state) == newest  # written at the start, before any alert
+        run_once(db, "other", error="boom")
+        wait_for(lambda: len(hook.bodies()) >= 1, timeout=TIMEOUT, what=f"the first POST ({first.stderr()})")
+        delivered = hook.bodies()[0]["event_id"]
+        wait_for(lambda: _saved(state) == delivered, timeout=TIMEOUT, what="the delivery saved")
+        assert first.interrupt() == 0, first.stderr()
+    assert [(b["kind"], b["job"]) for b in hook.bodies()] == [("alert_raised", "other")]
+    # While it is down, others record the alerts (pg_cron, a watch): one cleared, one raised and cleared.
+    run_once(db, "other")
+    Ledger(db).sync_alerts()
+    run_once(db, "third", error="boom")
+    Ledger(db).sync_alerts()
+    run_once(db, "third")
+    Ledger(db).sync_alerts()
+    missed = _alert_ids(db, after=delivered)
+    assert len(missed) == 3
+    with Background(*args, dsn=dsn) as second:
+        second.wait_err(f"after event {delivered} (position kept in {state};")
+        wait_for(lambda: len(hook.bodies()) >= 4 and _saved(state) == missed[-1], timeout=TIMEOUT,
+                 what=f"the three missed POSTs, saved ({second.stderr()})")
+        assert second.interrupt() == 0, second.stderr()
+    resent = hook.bodies()[1:]
+    assert [b["event_id"] for b in resent] == missed  # exactly those, oldest first: none of the first run's again
+    assert [(b["kind"], b["job"]) for b in resent] == [
+        ("alert_cleared", "other"), ("alert_raised", "third"), ("alert_cleared", "third")]
+    saved = json.loads(state.read_text())
+    assert set(saved) == {"after", "updated_at"} and saved["after"] == missed[-1] == resent[-1]["event_id"]
+    assert datetime.fromisoformat(saved["updated_at"]).tzinfo is not None
+    assert list(tmp_path.iterdir()) == [state]  # no temporary file left behind
+
+
+def test_the_operations_page_cron_notify_with_a_state_file_sends_each_event_once_run_after_run(
+        dsn, db, hook, tmp_path):
+    page = (ROOT / "docs" / "operations.md").read_text()
+    section = page.split("\n## Events and webhooks\n", 1)[1].split("\n## ", 1)[0]
+    [line] = re.findall(r"<!-- executed by tests/test_cli_events\.py[^>]*-->\n```crontab\n(.*?)\n```", section, re.S)
+    words = shlex.split(line)[5:]  # after the five time fields
+    assert words[:3] == ["jobledger", "notify", "--once"] and "--state-file" in words and "--webhook" in words
+    state = tmp_path / "notify.json"
+    swapped = {"--state-file": str(state), "--webhook": hook.url}
+    once = [swapped.get(before, word) for before, word in zip(["", *words], words)][1:]
+    run_once(db, "backup", error="boom")  # recorded by the first run's sync: after its start, so sent
+    first = jobledger(*once, dsn=dsn)
+    assert first.returncode == 0, first.stderr
+    assert [(b["kind"], b["job"]) for b in hook.bodies()] == [("alert_raised", "backup")]
+    assert _saved(state) == hook.bodies()[0]["event_id"]
+    run_once(db, "backup")  # cleared, and another raised, both recorded by someone else between the
+    run_once(db, "other", error="boom")  # runs (pg_cron, a watch): sent all the same
+    Ledger(db).sync_alerts()
+    second = jobledger(*once, dsn=dsn)
+    assert second.returncode == 0, second.stderr
+    assert f"after event {hook.bodies()[0]['event_id']} (position kept in {state}; once)" in second.stderr
+    run_once(db, "quiet")  # events, but no alert: nothing to send, and the file goes past them
+    third = jobledger(*once, dsn=dsn)
+    assert third.returncode == 0, third.stderr
+    ids = [b["event_id"] for b in hook.bodies()]
+    assert ids == _alert_ids(db) and len(ids) == 3  # each alert event once, in order
+    assert sorted((b["kind"], b["job"]) for b in hook.bodies()[1:]) == [("alert_cleared", "backup"),
+                                                                         ("alert_raised", "other")]
+    assert _saved(state) == value(db, "SELECT max(event_id) FROM ledger.events")
+
+
+def test_notify_once_saves_a_given_up_event_as_handled(dsn, db, hook, tmp_path):
+    state = tmp_path / "notify.json"
+    once = ("notify", "--webhook", hook.url, "--once", "--state-file", str(state))
+    run_once(db, "backup", error="boom")
+    hook.answers = [400]
+    assert jobledger(*once, dsn=dsn).returncode == 1  # given up
+    [given_up] = hook.bodies()
+    assert _saved(state) == given_up["event_id"]
+    again = jobledger(*once, dsn=dsn)
+    assert again.returncode == 0, again.stderr
+    assert len(hook.bodies()) == 1  # not sent again: the next run goes on after it
+
+
+@pytest.mark.parametrize("contents", ["{not json", "", '{"after": "12"}', '{"after": -1}', "[12]", '{"position": 3}'],
+                         ids=["not-json", "empty", "a-string", "negative", "a-list", "no-after"])
+def test_notify_refuses_a_state_file_it_cannot_read_with_exit_2_and_sends_nothing(dsn, db, hook, tmp_path,
+                                                                                  contents):
+    state = tmp_path / "notify.json"
+    state.write_text(contents)
+    run_once(db, "backup", error="boom")  # an alert a notifier started anyway would record and send
+    # Not --once: a notifier that started anyway would run until the timeout and fail the test.
+    done = jobledger("notify", "--webhook", hook.url, "--interval", "200ms", "--state-file", str(state), dsn=dsn)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot read the state file {state}: " in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert "remove it to start at the newest event" in done.stderr
+    assert hook.bodies() == [] and state.read_text() == contents
+    assert _alert_ids(db) == []  # it did not even sync
+
+
+def test_notify_after_with_a_state_file_starts_there_once_and_then_is_refused(dsn, db, hook, tmp_path):
+    state = tmp_path / "notify.json"
+    run_once(db, "backup", error="boom")
+    Ledger(db).sync_alerts()
+    given = ("notify", "--webhook", hook.url, "--once", "--after", "0", "--state-file", str(state))
+    first = jobledger(*given, dsn=dsn)  # no file yet: --after says where to start, and the file is created
+    assert first.returncode == 0, first.stderr
+    assert [b["event_id"] for b in hook.bodies()] == _alert_ids(db) != []
+    assert _saved(state) == hook.bodies()[-1]["event_id"]
+    again = jobledger(*given, dsn=dsn)
+    assert again.returncode == 2
+    assert f"--after 0 and the state file {state} (after event {_saved(state)}) both say where to start" \
+        in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    assert len(hook.bodies()) == 1
+
+
 def test_the_operations_page_payload_has_the_keys_of_a_real_delivery_and_its_cron_command_runs(dsn, db, hook):
     page = (ROOT / "docs" / "operations.md").read_text()
     section = page.split("\n## Events and webhooks\n", 1)[1].split("\n## ", 1)[0]
@@ -546,6 +674,8 @@ def test_the_operations_page_payload_has_the_keys_of_a_real_delivery_and_its_cro
     (["notify", "--webhook", "ftp://example.com/x"], 2, "not an http or https URL"),
     (["notify", "--webhook", "http://example.com:port/"], 2, "cannot read"),
     (["notify"], 2, "Missing option '--webhook'"),
+    (["notify", "--webhook", "http://127.0.0.1:9/", "--state-file", "/nonexistent-directory/notify.json"], 2,
+     "cannot write the state file /nonexistent-directory/notify.json: "),
     (["configure-events", "--notify", "maybe"], 2, "'maybe' is not a valid boolean"),
     (["configure-events", "--retention", "1 month"], 2, "no fixed length"),
     (["configure-events", "--max-events", "5"], 1, "argument max_events must be between 1000 and 1000000000"),
@@ -575,3 +705,4 @@ def test_every_events_command_has_help_that_says_what_it_does():
         assert summary in " ".join(result.output.split()), name
     notify_help = " ".join(runner.invoke(main, ["notify", "--help"]).output.split())
     assert "at least once" in notify_help and "deduplicates by event_id" in notify_help
+    assert '--state-file PATH Keep the position in PATH (JSON: {"after": EVENT_ID, "updated_at": TIME})' in notify_help

@@ -6,7 +6,8 @@ from sqlhelp import rows
 
 STATE = """SELECT job, last_run_id, last_status, last_started_at, last_completed_at, last_success_started_at,
                   last_success_at, running_run_id, running_token, running_started_at, done_slot, longest_success,
-                  consecutive_failures, latest_end, overlap_run_id FROM ledger.counters ORDER BY job"""
+                  consecutive_failures, next_due, latest_end, overlap_run_id FROM ledger.counters
+             ORDER BY job"""
 
 
 def assert_state_is_the_logs(db):
@@ -71,3 +72,27 @@ def test_an_overlap_is_kept_in_the_state_alerted_in_o1_and_agrees_with_the_audit
                " WHERE run_id = %s", (first,))
     assert rows(db, "SELECT * FROM ledger.alerts WHERE alert = 'overlap'") == []
     assert rows(db, "SELECT * FROM ledger.overlaps") == []
+
+
+def test_the_first_slot_after_the_newest_done_one_is_kept_and_job_status_reads_it_as_the_next_slot(db):
+    db.execute("SELECT ledger.register_job('hourly', '@hourly', ttl => '10 minutes', time_zone => 'Europe/Berlin')")
+    r = db.execute("SELECT run_id, token, slot FROM ledger.start_due_run('hourly', 'o')").fetchone()
+    db.execute("SELECT ledger.complete_run(%s, %s)", r[:2])
+    kept, direct = db.execute(
+        "SELECT c.next_due, ledger._slot_after(j.schedule_spec, j.time_zone, %s) FROM ledger.counters c"
+        " JOIN ledger.jobs j USING (job) WHERE job = 'hourly'", (r[2],)).fetchone()
+    assert kept == direct and kept > r[2]
+    status = db.execute("SELECT s.next_slot, s.overdue, ledger._slot_after(j.schedule_spec, j.time_zone, now())"
+                        " FROM ledger.job_status s JOIN ledger.jobs j USING (job) WHERE job = 'hourly'").fetchone()
+    assert status[0] == status[2] and status[1] is False
+    assert_state_is_the_logs(db)
+    # A new schedule: the kept slot follows it (the slot done is one of the old schedule's).
+    db.execute("SELECT ledger.register_job('hourly', '*/7 * * * *')")
+    kept, direct = db.execute(
+        "SELECT c.next_due, ledger._slot_after(j.schedule_spec, j.time_zone, c.done_slot) FROM ledger.counters c"
+        " JOIN ledger.jobs j USING (job) WHERE job = 'hourly'").fetchone()
+    assert kept == direct and kept.minute % 7 == 0
+    status = db.execute("SELECT s.next_slot, ledger._slot_after(j.schedule_spec, j.time_zone, now())"
+                        " FROM ledger.job_status s JOIN ledger.jobs j USING (job) WHERE job = 'hourly'").fetchone()
+    assert status[0] == status[1]
+    assert_state_is_the_logs(db)

@@ -3,18 +3,26 @@
 The loop is the one `jobledger watch` follows the events with
 (``ledger.tail.Follower``), over the alert events only; the POST and its
 retries are ``ledger.webhook``'s. The cursor lives in the process: a
-restart starts at the newest event again, unless given ``--after``.
+restart starts at the newest event again, unless given ``--after``, or
+``--state-file`` (:class:`StateFile`), where the position is kept from one
+run to the next.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+import contextlib
+import json
+import os
+import tempfile
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
 
 from ledger.cli._options import DURATION, connect, dsn_option
-from ledger.cli._output import say, stopped_by_signals
+from ledger.cli._output import OneLineUsageError, say, stopped_by_signals
 from ledger.durations import format_duration
 from ledger.models import ALERT_KINDS
 from ledger.tail import EventCursor, Follower
@@ -36,6 +44,88 @@ def _webhook(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
+class StateFile:
+    """Where a notifier keeps its position from one run to the next: ``{"after": EVENT_ID, "updated_at": ...}``.
+
+    ``after``: every alert event up to it has been handled (delivered or given
+    up), or was before the start; the next run starts after it. Written whole
+    each time (a temporary file in the same directory, fsync, ``os.replace``),
+    so a crash leaves the old position or the new one, never half of one.
+
+    Only the highest id is kept, not the cursor's gaps (``ledger.tail``: they
+    are private, and timed on the process's clock): an alert event whose
+    transaction commits after a later event was handled, and only once the
+    notifier has stopped, is not sent by the next run.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.after: int | None = None
+        """The position last written (or read), None before either."""
+
+    def load(self) -> int | None:
+        """The position the file holds; None when there is no file. One that cannot be read is a usage error."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as error:
+            raise self._unreadable(str(error)) from None
+        try:
+            state: Any = json.loads(text)
+        except ValueError as error:
+            raise self._unreadable(f"not JSON ({error})") from None
+        after = state.get("after") if isinstance(state, dict) else None
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise self._unreadable('not an object with "after": a non-negative event_id')
+        self.after = after
+        return after
+
+    def _unreadable(self, why: str) -> OneLineUsageError:
+        return OneLineUsageError(f"cannot read the state file {self.path}: {why}; fix it, or remove it to start at "
+                                 "the newest event (or --after EVENT_ID)")
+
+    def start(self, after: int) -> None:
+        """Write the position it starts after: the file exists from the start, and can be written."""
+        try:
+            self._write(after)
+        except OSError as error:
+            raise OneLineUsageError(f"cannot write the state file {self.path}: {error}") from None
+
+    def advance(self, after: int) -> None:
+        """Write ``after`` when it is beyond the position written; a failed write is told, and the notifier
+        goes on (a restart then sends again what came after the position the file holds)."""
+        if self.after is not None and after <= self.after:
+            return
+        try:
+            self._write(after)
+        except OSError as error:
+            held = f"event {self.after}" if self.after is not None else "nothing"
+            say(f"could not write the state file {self.path} ({error}); it still holds {held}")
+
+    def _write(self, after: int) -> None:
+        text = json.dumps({"after": after, "updated_at": datetime.now(timezone.utc).isoformat()}) + "\n"
+        directory = self.path.parent
+        fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as file:
+                file.write(text)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temp, self.path)
+        except BaseException:  # Ctrl-C too: no temporary file left behind
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        self.after = after
+        with contextlib.suppress(OSError):  # the rename itself, on disk (not every system opens a directory)
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+
+
 @click.command()
 @click.option("--webhook", "url", required=True, callback=_webhook, metavar="URL",
               help="Where each alert event is POSTed as JSON (http or https).")
@@ -51,13 +141,19 @@ def _webhook(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="How long a POST may wait for the connection, and for each read of the answer.")
 @click.option("--after", type=click.IntRange(min=0), default=None, metavar="EVENT_ID",
               help="Deliver the alert events after this one first; default: only those after the newest event "
-                   "at start.")
+                   "at start, or after the position in --state-file.")
+@click.option("--state-file", "state_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="PATH",
+              help='Keep the position in PATH (JSON: {"after": EVENT_ID, "updated_at": TIME}), written at start '
+                   "and after each event delivered or given up: a restart, or the next --once, sends what came "
+                   "since. When PATH exists it starts after its event (--after with it is a usage error); one "
+                   "that cannot be read: exit 2.")
 @click.option("--once", is_flag=True,
               help="One poll: sync the alerts, deliver what is new, exit; exit code 1 when a delivery was given up.")
 @dsn_option
 @click.pass_context
 def notify(ctx: click.Context, url: str, job: str | None, interval: timedelta, retries: int, backoff: timedelta,
-           timeout: timedelta, after: int | None, once: bool, dsn: str) -> None:
+           timeout: timedelta, after: int | None, state_path: Path | None, once: bool, dsn: str) -> None:
     """POST every alert raised and cleared (the alert_raised and alert_cleared events) to a
     webhook, as it happens, until Ctrl-C or SIGTERM (exit 0).
 
@@ -67,25 +163,39 @@ def notify(ctx: click.Context, url: str, job: str | None, interval: timedelta, r
     "alert", "message", "since", "detail"}. An event is delivered by a 2xx answer,
     or given up after --retries; then the next one goes. One line on stderr per
     attempt. Delivery is at least once: an event may come twice (an answer lost on
-    its way back, a restart with --after), so the receiver deduplicates by
-    event_id.
+    its way back, a restart with --after, a stop during its delivery), so the
+    receiver deduplicates by event_id.
     """
-    cursor = EventCursor(after or 0, job=job, kinds=ALERT_KINDS)
+    state = StateFile(state_path) if state_path is not None else None
+    saved = state.load() if state is not None else None
+    if saved is not None and after is not None:
+        raise OneLineUsageError(f"--after {after} and the state file {state_path} (after event {saved}) both say "
+                                f"where to start: drop --after to go on after event {saved}, or remove the file "
+                                f"to start after event {after}")
+    start = saved if saved is not None else after
+    cursor = EventCursor(start or 0, job=job, kinds=ALERT_KINDS)
     follower = Follower(lambda: connect(dsn), cursor, interval=interval.total_seconds(), sync_alerts=True, say=say)
     given_up = 0
     with stopped_by_signals():
         try:
             conn = follower.open()
-            if after is None:
+            if start is None:
                 cursor.start_at_newest(conn)
+            if state is not None:
+                state.start(cursor.origin)
             what = f" of job {job}" if job is not None else ""
             how = "once" if once else f"every {format_duration(interval)}; Ctrl-C to stop"
-            say(f"notifying {shown_url(url)} of the alert events{what} after event {cursor.origin} ({how})")
+            kept = f"position kept in {state_path}; " if state is not None else ""
+            say(f"notifying {shown_url(url)} of the alert events{what} after event {cursor.origin} ({kept}{how})")
             for batch in [follower.poll()] if once else follower.batches():
                 for event in batch:
                     delivery = deliver(url, event, retries=retries, backoff=backoff, timeout=timeout, log=say)
                     if not delivery.delivered:
                         given_up += 1
+                    if state is not None:
+                        state.advance(event.event_id)
+                if state is not None:  # every alert event the reads got so far is handled
+                    state.advance(cursor.position)
         finally:
             follower.close()
     if once and given_up:

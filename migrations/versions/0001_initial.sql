@@ -1519,6 +1519,11 @@ CREATE TABLE ledger.counters (
     --   done_slot       the newest slot that succeeded;
     --   longest_success the longest successful run;
     --   consecutive_failures  failures started after the last success started;
+    --   next_due        the job's first slot after done_slot (by its
+    --                   schedule; NULL without either): while it is
+    --                   still ahead of now, the next slot is it and no
+    --                   slot is overdue or missed, which the views then
+    --                   read without evaluating the schedule;
     --   latest_end      the latest end of any of its runs;
     --   overlap_run_id  the newest run that started before an earlier run
     --                   ended (none: NULL), the alerts' overlap audit in
@@ -1537,6 +1542,7 @@ CREATE TABLE ledger.counters (
     done_slot               timestamptz,
     longest_success         interval,
     consecutive_failures    bigint NOT NULL DEFAULT 0,
+    next_due                timestamptz,
     latest_end              timestamptz,
     overlap_run_id          bigint,
     CONSTRAINT counters_non_negative CHECK (
@@ -2074,6 +2080,12 @@ BEGIN
               WHERE f.job = c.job AND f.status = 'failure'
                 AND f.started_at > coalesce((SELECT max(s.started_at) FROM ledger.job_execution_log s
                                               WHERE s.job = c.job AND s.status = 'success'), '-infinity')),
+        next_due =
+            (SELECT ledger._slot_after(j.schedule_spec, j.time_zone, d.slot)
+               FROM ledger.jobs j,
+                    (SELECT max(r.slot) AS slot FROM ledger.job_execution_log r
+                      WHERE r.job = c.job AND r.status = 'success' AND r.slot IS NOT NULL) d
+              WHERE j.job = c.job AND j.schedule IS NOT NULL AND d.slot IS NOT NULL),
         latest_end =
             (SELECT max(r.completed_at) FROM ledger.job_execution_log r WHERE r.job = c.job),
         -- as ledger.overlaps defines an overlap, over the job's whole log
@@ -2955,6 +2967,14 @@ BEGIN
                                        THEN v_run.completed_at ELSE c.last_success_at END,
         done_slot               = CASE WHEN v_run.status = 'success' AND v_run.slot IS NOT NULL
                                        THEN greatest(c.done_slot, v_run.slot) ELSE c.done_slot END,
+        -- a success that moves done_slot on: one schedule evaluation here
+        -- saves one per read of job_status and job_health
+        next_due                = CASE WHEN v_run.status = 'success' AND v_run.slot IS NOT NULL
+                                        AND v_run.slot > coalesce(c.done_slot, '-infinity')
+                                       THEN (SELECT ledger._slot_after(j.schedule_spec, j.time_zone, v_run.slot)
+                                               FROM ledger.jobs j
+                                              WHERE j.job = v_run.job AND j.schedule IS NOT NULL)
+                                       ELSE c.next_due END,
         longest_success         = CASE WHEN v_run.status = 'success'
                                        THEN greatest(c.longest_success, v_run.completed_at - v_run.started_at)
                                        ELSE c.longest_success END,
@@ -3371,6 +3391,12 @@ BEGIN
         updated_at           = CASE WHEN v_new THEN j.updated_at ELSE clock_timestamp() END
      WHERE j.job = register_job.job
     RETURNING * INTO v_job;
+    -- The job's first slot after its newest done one, by the schedule as it
+    -- is now (a composite IS NOT NULL asks for every field: test schedule).
+    UPDATE ledger.counters c
+       SET next_due = CASE WHEN v_job.schedule IS NOT NULL AND c.done_slot IS NOT NULL
+                           THEN ledger._slot_after(v_spec, v_job.time_zone, c.done_slot) END
+     WHERE c.job = register_job.job;
     RETURN v_job;
 END
 $$;
@@ -4609,8 +4635,11 @@ SELECT k.job,
        c.last_success_at                                    AS last_success_at,
        c.running_run_id                                     AS running_run_id,
        now() - c.running_started_at                         AS running_for,
+       -- next_due still ahead: no slot since done_slot, so it is the next
+       -- (no schedule evaluation for a job that keeps up)
        CASE WHEN j.schedule IS NOT NULL AND NOT j.paused
-            THEN ledger._slot_after(j.schedule_spec, j.time_zone, now()) END AS next_slot,
+            THEN CASE WHEN c.next_due > now() THEN c.next_due
+                      ELSE ledger._slot_after(j.schedule_spec, j.time_zone, now()) END END AS next_slot,
        -- Overdue: a slot at least one ttl old (5 minutes without a ttl) has
        -- not succeeded and no live run is on it (a run whose lease expired
        -- is a crash, not progress). A job that never ran counts from its
@@ -4618,6 +4647,7 @@ SELECT k.job,
        coalesce(j.schedule IS NOT NULL AND NOT j.paused
                 AND NOT (c.running_run_id IS NOT NULL AND l.token = c.running_token
                          AND l.released_at IS NULL AND l.expires_at > now())
+                AND NOT coalesce(c.next_due > now() - coalesce(j.ttl, l.ttl, interval '5 minutes'), false)
                 AND ledger._slot_at_or_before(j.schedule_spec, j.time_zone,
                                               now() - coalesce(j.ttl, l.ttl, interval '5 minutes'))
                     > coalesce(c.done_slot, j.created_at), false) AS overdue,
@@ -4666,6 +4696,7 @@ WITH known AS (
            coalesce(j.late_after, greatest(coalesce(j.ttl, l.ttl, interval '1 minute'), interval '1 minute')) AS grace,
            c.last_success_at, c.last_success_started_at, c.consecutive_failures, c.running_run_id,
            c.running_started_at, coalesce(c.runs_started, 0) AS runs_started, c.last_completed_at,
+           c.next_due,
            (c.running_run_id IS NOT NULL AND l.token = c.running_token
             AND l.released_at IS NULL AND l.expires_at > now()) AS live,
            -- missed slots lie in (done, upto]
@@ -4677,7 +4708,7 @@ WITH known AS (
 ), counted AS (
     SELECT b.*,
            CASE WHEN b.schedule IS NULL THEN NULL
-                WHEN now() - b.grace <= b.done THEN 0::bigint
+                WHEN now() - b.grace <= b.done OR b.next_due > now() - b.grace THEN 0::bigint
                 WHEN (b.schedule_spec).kind = 'interval'
                 THEN ledger._slot_count(b.schedule_spec, b.time_zone, b.done, now() - b.grace)
                 ELSE ledger._slot_count(b.schedule_spec, b.time_zone,
@@ -4702,6 +4733,13 @@ WITH known AS (
                ELSE 'ok'
            END AS state
       FROM counted c
+), dated AS (
+    -- The first slot missed, for late and down: the first after done,
+    -- which the job's state keeps (next_due) when a success moved done on.
+    SELECT j.*,
+           CASE WHEN j.state IN ('late', 'down')
+                THEN coalesce(j.next_due, ledger._slot_after(j.schedule_spec, j.time_zone, j.done)) END AS first_missed
+      FROM judged j
 )
 SELECT j.job,
        j.state,
@@ -4713,10 +4751,10 @@ SELECT j.job,
                CASE WHEN j.missed_slots >= ledger._down_after_slots()
                     THEN ledger._slot_after(j.schedule_spec, j.time_zone,
                              ledger._slot_after(j.schedule_spec, j.time_zone,
-                                 ledger._slot_after(j.schedule_spec, j.time_zone, j.done))) + j.grace END,
+                                 j.first_missed)) + j.grace END,
                CASE WHEN now() - coalesce(j.last_success_at, j.created_at) > j.down_after
                     THEN coalesce(j.last_success_at, j.created_at) + j.down_after END)
-           WHEN 'late' THEN ledger._slot_after(j.schedule_spec, j.time_zone, j.done) + j.grace
+           WHEN 'late' THEN j.first_missed + j.grace
            WHEN 'failing' THEN coalesce(j.last_success_at, j.created_at)
            WHEN 'never_run' THEN j.created_at
            ELSE coalesce(j.last_success_at, j.last_completed_at)
@@ -4737,7 +4775,7 @@ SELECT j.job,
                                              j.missed_slots)
                                  ELSE format('no success for over %s', j.down_after) END
            WHEN 'late' THEN format('a slot due %s ago was not started within %s',
-                                   date_trunc('second', now() - ledger._slot_after(j.schedule_spec, j.time_zone, j.done)),
+                                   date_trunc('second', now() - j.first_missed),
                                    j.grace)
            WHEN 'failing' THEN format('%s failure%s in a row', j.consecutive_failures,
                                       CASE WHEN j.consecutive_failures = 1 THEN '' ELSE 's' END)
@@ -4758,7 +4796,7 @@ SELECT j.job,
        coalesce(j.consecutive_failures, 0)                   AS consecutive_failures,
        CASE WHEN j.live THEN j.running_run_id END            AS running_run_id,
        CASE WHEN j.live THEN now() - j.running_started_at END AS running_for
-  FROM judged j;
+  FROM dated j;
 COMMENT ON VIEW ledger.job_health IS
     'One health state per known job (paused, overrun, running, down, late, failing, never_run, ok), since when, why';
 
