@@ -13,22 +13,30 @@ by the generator); mypy takes ``ASYNC`` as always true (pyproject.toml).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import inspect
+import itertools
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, TypeVar
 
 __all__ = [
     "ASYNC",
+    "ADeferred",
     "AEvent",
     "ALock",
+    "Deferred",
     "Event",
     "Lock",
+    "TIMER",
+    "adefer",
     "ajoin",
     "ashield",
     "aspawn",
     "await_event",
+    "defer",
     "in_task",
     "in_thread",
     "join",
@@ -107,9 +115,10 @@ def spawn(target: Callable[[], None], name: str) -> Worker:
 
 
 def parked() -> int:
-    """How many reusable threads wait for a target (they are alive, but hold nothing)."""
+    """How many reusable threads wait for a target (they are alive, but hold nothing); the shared
+    :data:`TIMER` counts among them while nothing is set on it."""
     with _idle_lock:
-        return len(_idle)
+        return len(_idle) + TIMER.idle()
 
 
 def _serve(worker: Worker | None) -> None:
@@ -139,6 +148,122 @@ def _serve(worker: Worker | None) -> None:
                     return
             wake.wait()  # handed a target just as the wait ended
             worker = mailbox.pop()
+
+
+class Timer:
+    """One thread for the whole process that runs short callbacks at their (monotonic) time: the threaded
+    client's watchdogs and deferred heartbeat starts all share it, so a context costs no thread of its own
+    until a heartbeat is due (the asyncio client has the loop's timers).
+
+    ``call_at`` returns a key; ``cancel(key)`` returns True when the callback had not run, and then it never
+    will. A callback must not block: it shuts a socket down, or hands work to :func:`spawn`. A cancelled
+    entry stays in the heap until its time (a pop), so a new one rarely wakes the thread: only one sooner
+    than everything else set. The thread starts on first use and ends after ``_IDLE_SECONDS`` with nothing set.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int]] = []
+        self._live: dict[int, Callable[[], object]] = {}
+        self._keys = itertools.count()
+        self._running = False
+
+    def call_at(self, at: float, callback: Callable[[], object]) -> int:
+        with self._cond:
+            key = next(self._keys)
+            self._live[key] = callback
+            heapq.heappush(self._heap, (at, key))
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="ledger-timer", daemon=True).start()
+            elif self._heap[0][1] == key:
+                self._cond.notify()  # sooner than what the thread sleeps for; else it need not wake
+            return key
+
+    def cancel(self, key: int) -> bool:
+        with self._cond:
+            return self._live.pop(key, None) is not None
+
+    def idle(self) -> int:
+        """1 while the thread runs with nothing set (it holds nothing), else 0."""
+        with self._cond:
+            return int(self._running and not self._live)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    while self._heap and self._heap[0][1] not in self._live:
+                        heapq.heappop(self._heap)  # cancelled
+                    if not self._heap:
+                        if not self._cond.wait(_IDLE_SECONDS) and not self._heap:
+                            self._running = False
+                            return
+                        continue
+                    at, key = self._heap[0]
+                    remaining = at - time.monotonic()
+                    if remaining > 0:
+                        self._cond.wait(remaining)
+                        continue
+                    heapq.heappop(self._heap)
+                    callback = self._live.pop(key)
+                    break
+            try:
+                callback()
+            except Exception:
+                log.exception("a timer callback of the ledger failed")
+
+
+TIMER = Timer()
+"""The process's one :class:`Timer`."""
+
+
+class ADeferred:
+    """What :func:`adefer` hands back: ``target`` started as a task once its delay is over, unless cancelled."""
+
+    def __init__(self, target: Callable[[], Coroutine[Any, Any, None]], name: str, delay: float) -> None:
+        self._target, self._name = target, name
+        self.worker: asyncio.Task[None] | None = None
+        self._handle = asyncio.get_running_loop().call_later(max(0.0, delay), self._start)
+
+    def _start(self) -> None:
+        self.worker = aspawn(self._target, self._name)
+
+    def cancel(self) -> asyncio.Task[None] | None:
+        """It will not start any more; the task when it had started already."""
+        self._handle.cancel()
+        return self.worker
+
+
+class Deferred:
+    """What :func:`defer` hands back: ``target`` run by :func:`spawn` once its delay is over, unless cancelled."""
+
+    def __init__(self, target: Callable[[], None], name: str, delay: float) -> None:
+        self._target, self._name = target, name
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self.worker: Worker | None = None
+        self._key = TIMER.call_at(time.monotonic() + max(0.0, delay), self._start)
+
+    def _start(self) -> None:
+        with self._lock:
+            if not self._cancelled:
+                self.worker = spawn(self._target, self._name)
+
+    def cancel(self) -> Worker | None:
+        with self._lock:
+            self._cancelled = True
+            TIMER.cancel(self._key)
+            return self.worker
+
+
+def adefer(target: Callable[[], Coroutine[Any, Any, None]], name: str, delay: float) -> ADeferred:
+    """Run ``target`` beside the caller in ``delay`` seconds (a task then), unless cancelled first."""
+    return ADeferred(target, name, delay)
+
+
+def defer(target: Callable[[], None], name: str, delay: float) -> Deferred:
+    return Deferred(target, name, delay)
 
 
 def in_task(task: asyncio.Task[None]) -> bool:

@@ -75,7 +75,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ledger import connect as connecting
 from ledger import models, queries  # models.Event: in the sync client `Event` is threading's
-from ledger._acompat import (ASYNC, AEvent, ALock, ajoin, ashield, aspawn, await_event, in_task,
+from ledger._acompat import (ASYNC, ADeferred, AEvent, ALock, adefer, ajoin, ashield, await_event, in_task,
                              keep_result_async)
 from ledger.calls import conninfo_of, end_call, ended_by_us, jsonb, run_start, split_time_left
 from ledger.errors import (LeaseLost, LeaseSuperseded, LedgerError, LedgerUnavailable, RunNotRunning,
@@ -342,10 +342,13 @@ class AsyncHeartbeat:
         self._name = name
         self._stop = AEvent()
         self._busy = ALock()  # held for one round: the check for stop, the beat, what it learnt
-        self._worker: Any = None
+        self._start: ADeferred | None = None
 
     def start(self) -> None:
-        self._worker = aspawn(self._run, self._name)
+        # Its task (its thread, in the sync client) starts when the first beat is due, the interval or the
+        # deadline, whichever is sooner: a run shorter than that costs none. The deadline's alarm is the
+        # watchdog's, from the start.
+        self._start = adefer(self._run, self._name, min(self._interval, self._deadline.remaining()))
 
     async def stop(self) -> None:
         """Stop: once this returns no beat starts and none is in flight (the wait is an event: no delay).
@@ -355,15 +358,16 @@ class AsyncHeartbeat:
         whose run was shorter than the interval never waits for a thread.
         """
         self._stop.set()
-        if self._worker is None or in_task(self._worker):
+        worker = self._start.cancel() if self._start is not None else None
+        if worker is None or in_task(worker):  # never started (and now never will), or called from the heartbeat
             return
         async with self._busy:
             pass
         if ASYNC:
-            await ajoin(self._worker)  # in the loop the task ends at its next step: no thread to wait for
+            await ajoin(worker)  # in the loop the task ends at its next step: no thread to wait for
 
     async def _run(self) -> None:
-        wait = self._interval
+        wait = 0.0  # started when the first beat is due
         while not await await_event(self._stop, min(wait, self._deadline.remaining())):
             async with self._busy:
                 if self._stop.is_set():
@@ -1170,7 +1174,26 @@ class AsyncLedger:
         return await self._call(queries.JOB_STATUSES, {}, class_row(JobStatus))
 
     async def purge_log(self, older_than: timedelta) -> int:
+        """``ledger.purge_log``: delete the ended runs older than ``older_than`` (never a job's newest
+        success) in one transaction; how many. Small purges; see :meth:`purge_log_in_batches`."""
         return int((await self._call(queries.PURGE_LOG, {"older_than": older_than}, scalar_row))[0])
+
+    async def purge_log_in_batches(self, older_than: timedelta) -> int:
+        """The same purge, one ``ledger.purge_log_batch`` call per 10,000 run ids; how many it deleted.
+
+        Each batch is a call of its own: it commits by itself (outside a transaction of the caller's),
+        so no lock is held longer than one batch and the ends of running jobs never wait for the whole
+        purge; stopped half-way, it keeps the batches it committed, each whole. What
+        ``CALL ledger.purge_log_in_batches`` does in SQL, over any connection.
+        """
+        deleted, from_run_id = 0, None
+        while True:
+            [batch] = await self._call(queries.PURGE_LOG_BATCH,
+                                       {"older_than": older_than, "from_run_id": from_run_id}, dict_row)
+            deleted += int(batch["deleted"])
+            from_run_id = batch["next_run_id"]
+            if from_run_id is None:
+                return deleted
 
     # -- events -------------------------------------------------------------------
 

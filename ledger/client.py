@@ -77,7 +77,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ledger import connect as connecting
 from ledger import models, queries  # models.Event: in the sync client `Event` is threading's
-from ledger._acompat import Event, Lock, in_thread, join, keep_result, spawn, wait_event
+from ledger._acompat import Deferred, Event, Lock, defer, in_thread, join, keep_result, wait_event
 from ledger.calls import conninfo_of, end_call, ended_by_us, jsonb, run_start, split_time_left
 from ledger.errors import (LeaseLost, LeaseSuperseded, LedgerError, LedgerUnavailable, RunNotRunning,
                            StaleToken, translated)
@@ -343,10 +343,13 @@ class Heartbeat:
         self._name = name
         self._stop = Event()
         self._busy = Lock()  # held for one round: the check for stop, the beat, what it learnt
-        self._worker: Any = None
+        self._start: Deferred | None = None
 
     def start(self) -> None:
-        self._worker = spawn(self._run, self._name)
+        # Its task (its thread, in the sync client) starts when the first beat is due, the interval or the
+        # deadline, whichever is sooner: a run shorter than that costs none. The deadline's alarm is the
+        # watchdog's, from the start.
+        self._start = defer(self._run, self._name, min(self._interval, self._deadline.remaining()))
 
     def stop(self) -> None:
         """Stop: once this returns no beat starts and none is in flight (the wait is an event: no delay).
@@ -356,13 +359,14 @@ class Heartbeat:
         whose run was shorter than the interval never waits for a thread.
         """
         self._stop.set()
-        if self._worker is None or in_thread(self._worker):
+        worker = self._start.cancel() if self._start is not None else None
+        if worker is None or in_thread(worker):  # never started (and now never will), or called from the heartbeat
             return
         with self._busy:
             pass
 
     def _run(self) -> None:
-        wait = self._interval
+        wait = 0.0  # started when the first beat is due
         while not wait_event(self._stop, min(wait, self._deadline.remaining())):
             with self._busy:
                 if self._stop.is_set():
@@ -1168,7 +1172,26 @@ class Ledger:
         return self._call(queries.JOB_STATUSES, {}, class_row(JobStatus))
 
     def purge_log(self, older_than: timedelta) -> int:
+        """``ledger.purge_log``: delete the ended runs older than ``older_than`` (never a job's newest
+        success) in one transaction; how many. Small purges; see :meth:`purge_log_in_batches`."""
         return int(self._call(queries.PURGE_LOG, {"older_than": older_than}, scalar_row)[0])
+
+    def purge_log_in_batches(self, older_than: timedelta) -> int:
+        """The same purge, one ``ledger.purge_log_batch`` call per 10,000 run ids; how many it deleted.
+
+        Each batch is a call of its own: it commits by itself (outside a transaction of the caller's),
+        so no lock is held longer than one batch and the ends of running jobs never wait for the whole
+        purge; stopped half-way, it keeps the batches it committed, each whole. What
+        ``CALL ledger.purge_log_in_batches`` does in SQL, over any connection.
+        """
+        deleted, from_run_id = 0, None
+        while True:
+            [batch] = self._call(queries.PURGE_LOG_BATCH,
+                                 {"older_than": older_than, "from_run_id": from_run_id}, dict_row)
+            deleted += int(batch["deleted"])
+            from_run_id = batch["next_run_id"]
+            if from_run_id is None:
+                return deleted
 
     # -- events -------------------------------------------------------------------
 

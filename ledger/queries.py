@@ -165,6 +165,13 @@ SELECT {JOB_STATUS_COLUMNS}
 
 PURGE_LOG = "SELECT ledger.purge_log(older_than => %(older_than)s)"
 
+# One batch of a purge (the client's purge_log_in_batches calls it until
+# next_run_id is NULL, each call its own transaction).
+PURGE_LOG_BATCH = """
+SELECT b.deleted, b.next_run_id
+  FROM ledger.purge_log_batch(older_than => %(older_than)s, from_run_id => %(from_run_id)s) b
+"""
+
 # -- events -------------------------------------------------------------------
 # ledger.events, its settings and the alert sync (the client's events methods,
 # `jobledger events`, `watch`, `notify`, `configure-events`). event_id order is

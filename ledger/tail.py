@@ -36,7 +36,7 @@ from ledger.client import Ledger
 from ledger.models import Event
 from ledger.text import first_line
 
-__all__ = ["EventCursor", "Follower"]
+__all__ = ["EventCursor", "Follower", "Gap"]
 
 log = logging.getLogger("ledger")
 
@@ -58,11 +58,25 @@ MAX_GAPS = 1000
 """Gaps kept at most (the oldest go first): ranges, so a purge's hole is one."""
 
 
+@dataclass(frozen=True)
+class Gap:
+    """A range of ids a cursor still waits for, as it can be kept from one process to the next
+    (:meth:`EventCursor.gap_ranges`, ``EventCursor(gaps=...)``): a notifier's state file."""
+
+    first: int
+    last: int
+    seen: float
+    """When the cursor first saw it (``time.time()``): it settles and is given up by this, across restarts."""
+    horizon: int | None = None
+    """The xmax of the snapshot taken once it settled (a transaction id, which outlives the process), or None."""
+
+
 @dataclass
 class _Gap:
     first: int
     last: int
     seen_at: float  # monotonic
+    seen: float  # wall clock, the same instant: what a Gap keeps
     horizon: int | None = None  # the xmax of a snapshot taken once it settled: its fillers' ids are below
 
 
@@ -77,7 +91,7 @@ class EventCursor:
     """
 
     def __init__(self, after: int = 0, *, job: str | None = None, kinds: Sequence[str] | None = None,
-                 page: int = PAGE) -> None:
+                 page: int = PAGE, gaps: Sequence[Gap] = ()) -> None:
         self.position = after
         """The highest event_id read (of any job or kind): the next read starts after it."""
         self.origin = after
@@ -87,13 +101,23 @@ class EventCursor:
         self._job = job
         self._kinds = list(kinds) if kinds else None
         self._page = page
-        self._gaps: list[_Gap] = []
+        # ``gaps``: ranges of ids at or below ``after`` an earlier cursor still waited for (its gap_ranges,
+        # kept in a notifier's state file): waited for again, as long as they would have been.
+        mono, wall = time.monotonic(), time.time()
+        self._gaps: list[_Gap] = [_Gap(gap.first, gap.last, mono - max(wall - gap.seen, 0.0), gap.seen, gap.horizon)
+                                  for gap in gaps if 0 < gap.first <= gap.last <= after][-MAX_GAPS:]
         self._held: list[Event] = []  # read by start_at_newest, returned by the next read
 
     @property
     def gaps(self) -> int:
         """How many ranges of ids below :attr:`position` are still waited for."""
         return len(self._gaps)
+
+    def gap_ranges(self, through: int | None = None) -> list[Gap]:
+        """The ids at or below ``through`` (default :attr:`position`) still waited for, oldest first: what a
+        cursor made with ``EventCursor(through, gaps=...)`` waits for again."""
+        upto = self.position if through is None else through
+        return [Gap(gap.first, min(gap.last, upto), gap.seen, gap.horizon) for gap in self._gaps if gap.first <= upto]
 
     def start_at_newest(self, conn: psycopg.Connection[Any], show: int = 0) -> list[Event]:
         """Put the cursor at the newest event; the newest ``show`` that match, oldest first.
@@ -128,14 +152,14 @@ class EventCursor:
             cur.execute(queries.EVENT_TAIL_PAGE, params)
             rows = cur.fetchall()
         xmin, xmax = int(rows[0]["xmin"]), int(rows[0]["xmax"])
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         seen = [int(row["seen"]) for row in rows if row["seen"] is not None]
         for event_id in (event_id for event_id in seen if event_id <= self.position):
             self._fill(event_id)
         fresh = [event_id for event_id in seen if event_id > self.position]
         for event_id in fresh:
             if event_id > self.position + 1:
-                self._gaps.append(_Gap(self.position + 1, event_id - 1, now))
+                self._gaps.append(_Gap(self.position + 1, event_id - 1, now, wall))
             self.position = event_id
         self.more = len(fresh) >= self._page
         self._settle(xmin, xmax, now)
@@ -147,7 +171,7 @@ class EventCursor:
         """A late event turned up: its id is no longer a gap."""
         for index, gap in enumerate(self._gaps):
             if gap.first <= event_id <= gap.last:
-                parts = [_Gap(first, last, gap.seen_at, gap.horizon)
+                parts = [_Gap(first, last, gap.seen_at, gap.seen, gap.horizon)
                          for first, last in ((gap.first, event_id - 1), (event_id + 1, gap.last)) if first <= last]
                 self._gaps[index:index + 1] = parts
                 return

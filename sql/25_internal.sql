@@ -459,56 +459,88 @@ $$;
 -- write to the log that did not come through the ledger's functions (a
 -- superuser's UPDATE, a bulk load: see ledger._foreign_log_write). A job
 -- with runs but no counters row gets one (zero counters).
-CREATE FUNCTION ledger._refresh_state(jobs text[])
+--
+-- Set-based: the jobs' rows of the log are read once, by one index scan
+-- per job, and every column is an aggregate over them (a purge refreshes
+-- thousands of jobs per batch, whose rows lie far apart in the table: one
+-- read of them each, not one per column). after_purge: the caller removed
+-- only ended runs, and never a job's newest success by slot, so done_slot,
+-- and the next_due that follows from it, stay as they are where done_slot
+-- did not change (no schedule is evaluated); every other column is
+-- recomputed. A custom plan for every call: the generic plan PL/pgSQL
+-- switches to after five calls does not know how many jobs the array holds,
+-- and at thousands it is more than ten times slower.
+CREATE FUNCTION ledger._refresh_state(jobs text[], after_purge boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
 AS $$
 BEGIN
     INSERT INTO ledger.counters (job)
     SELECT DISTINCT r.job FROM ledger.job_execution_log r WHERE r.job = ANY (jobs)
     ON CONFLICT ON CONSTRAINT counters_pkey DO NOTHING;
+    WITH r AS MATERIALIZED (
+        SELECT l.job, l.run_id, l.status, l.slot, l.token, l.started_at, l.completed_at,
+               -- as ledger.overlaps defines an overlap: a run that started
+               -- before a run started earlier had ended
+               max(coalesce(l.completed_at, 'infinity')) OVER (
+                   PARTITION BY l.job ORDER BY l.started_at, l.run_id
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier_end
+          FROM ledger.job_execution_log l WHERE l.job = ANY (jobs)
+    ), last_run AS (
+        SELECT DISTINCT ON (r.job) r.job, r.run_id, r.status, r.started_at, r.completed_at
+          FROM r ORDER BY r.job, r.started_at DESC, r.run_id DESC
+    ), last_success AS (
+        SELECT DISTINCT ON (r.job) r.job, r.started_at, r.completed_at
+          FROM r WHERE r.status = 'success' ORDER BY r.job, r.started_at DESC, r.run_id DESC
+    ), running AS (
+        SELECT r.job, r.run_id, r.token, r.started_at FROM r WHERE r.status = 'running'
+    ), totals AS (
+        SELECT r.job,
+               max(r.slot) FILTER (WHERE r.status = 'success') AS done_slot,
+               max(r.completed_at - r.started_at) FILTER (WHERE r.status = 'success') AS longest_success,
+               max(r.completed_at) AS latest_end
+          FROM r GROUP BY r.job
+    ), failures AS (
+        SELECT r.job, count(*) AS streak
+          FROM r LEFT JOIN last_success s ON s.job = r.job
+         WHERE r.status = 'failure' AND r.started_at > coalesce(s.started_at, '-infinity')
+         GROUP BY r.job
+    ), overlap AS (
+        SELECT DISTINCT ON (r.job) r.job, r.run_id
+          FROM r WHERE r.earlier_end > r.started_at ORDER BY r.job, r.started_at DESC, r.run_id DESC
+    ), state AS (
+        SELECT t.job, lr.run_id AS last_run_id, lr.status AS last_status, lr.started_at AS last_started_at,
+               lr.completed_at AS last_completed_at, ls.started_at AS last_success_started_at,
+               ls.completed_at AS last_success_at, rn.run_id AS running_run_id, rn.token AS running_token,
+               rn.started_at AS running_started_at, tt.done_slot, tt.longest_success,
+               coalesce(f.streak, 0) AS consecutive_failures, tt.latest_end, o.run_id AS overlap_run_id
+          FROM (SELECT DISTINCT u.job FROM unnest(jobs) AS u(job)) t
+          LEFT JOIN last_run lr ON lr.job = t.job
+          LEFT JOIN last_success ls ON ls.job = t.job
+          LEFT JOIN running rn ON rn.job = t.job
+          LEFT JOIN totals tt ON tt.job = t.job
+          LEFT JOIN failures f ON f.job = t.job
+          LEFT JOIN overlap o ON o.job = t.job
+    )
     UPDATE ledger.counters c SET
-        (last_run_id, last_status, last_started_at, last_completed_at) =
-            (SELECT r.run_id, r.status, r.started_at, r.completed_at FROM ledger.job_execution_log r
-              WHERE r.job = c.job ORDER BY r.started_at DESC, r.run_id DESC LIMIT 1),
-        (last_success_started_at, last_success_at) =
-            (SELECT r.started_at, r.completed_at FROM ledger.job_execution_log r
-              WHERE r.job = c.job AND r.status = 'success' ORDER BY r.started_at DESC LIMIT 1),
-        (running_run_id, running_token, running_started_at) =
-            (SELECT r.run_id, r.token, r.started_at FROM ledger.job_execution_log r
-              WHERE r.job = c.job AND r.status = 'running'),
-        done_slot =
-            (SELECT max(r.slot) FROM ledger.job_execution_log r
-              WHERE r.job = c.job AND r.status = 'success' AND r.slot IS NOT NULL),
-        longest_success =
-            (SELECT max(r.completed_at - r.started_at) FROM ledger.job_execution_log r
-              WHERE r.job = c.job AND r.status = 'success'),
-        consecutive_failures =
-            (SELECT count(*) FROM ledger.job_execution_log f
-              WHERE f.job = c.job AND f.status = 'failure'
-                AND f.started_at > coalesce((SELECT max(s.started_at) FROM ledger.job_execution_log s
-                                              WHERE s.job = c.job AND s.status = 'success'), '-infinity')),
-        next_due =
-            (SELECT ledger._slot_after(j.schedule_spec, j.time_zone, d.slot)
-               FROM ledger.jobs j,
-                    (SELECT max(r.slot) AS slot FROM ledger.job_execution_log r
-                      WHERE r.job = c.job AND r.status = 'success' AND r.slot IS NOT NULL) d
-              WHERE j.job = c.job AND j.schedule IS NOT NULL AND d.slot IS NOT NULL),
-        latest_end =
-            (SELECT max(r.completed_at) FROM ledger.job_execution_log r WHERE r.job = c.job),
-        -- as ledger.overlaps defines an overlap, over the job's whole log
-        overlap_run_id =
-            (SELECT o.run_id
-               FROM (SELECT r.run_id, r.started_at,
-                            max(coalesce(r.completed_at, 'infinity')) OVER (
-                                ORDER BY r.started_at, r.run_id
-                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier_end
-                       FROM ledger.job_execution_log r WHERE r.job = c.job) o
-              WHERE o.earlier_end > o.started_at
-              ORDER BY o.started_at DESC, o.run_id DESC LIMIT 1)
-     WHERE c.job = ANY (jobs);
+        last_run_id = st.last_run_id, last_status = st.last_status, last_started_at = st.last_started_at,
+        last_completed_at = st.last_completed_at, last_success_started_at = st.last_success_started_at,
+        last_success_at = st.last_success_at, running_run_id = st.running_run_id,
+        running_token = st.running_token, running_started_at = st.running_started_at,
+        done_slot = st.done_slot, longest_success = st.longest_success,
+        consecutive_failures = st.consecutive_failures, latest_end = st.latest_end,
+        overlap_run_id = st.overlap_run_id,
+        next_due = CASE
+            WHEN after_purge AND c.done_slot IS NOT DISTINCT FROM st.done_slot THEN c.next_due
+            ELSE (SELECT ledger._slot_after(j.schedule_spec, j.time_zone, st.done_slot)
+                    FROM ledger.jobs j
+                   WHERE j.job = c.job AND j.schedule IS NOT NULL AND st.done_slot IS NOT NULL)
+        END
+      FROM state st
+     WHERE c.job = st.job;
 END
 $$;
 

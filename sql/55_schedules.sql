@@ -422,11 +422,123 @@ $$;
 COMMENT ON FUNCTION ledger.start_due_run(text, text, interval) IS
     'Start a run for the oldest due slot, recording the slots the catch-up bound drops; nothing_due when none';
 
--- In bounded batches: one DELETE per range of 10,000 run ids, in run id
--- order, so that no statement holds more than a batch of
--- row locks or scans more than a batch of rows, and the job state of the
--- jobs a batch touched is recomputed from what is left (ledger._refresh_state).
--- One transaction: what it removed is gone, or nothing is.
+-- One batch of a purge: the ended runs older than cutoff among the run ids
+-- from from_run_id to from_run_id + 9,999, in one DELETE, so that no
+-- statement holds more than a batch of row locks or scans more than a batch
+-- of rows; and the state of the jobs the batch touched, recomputed from
+-- what is left (ledger._refresh_state). next_run_id: the first run id of
+-- the next batch (gaps in the ids skipped), NULL after the last.
+CREATE FUNCTION ledger._purge_batch(cutoff timestamptz, from_run_id bigint,
+                                    OUT deleted bigint, OUT next_run_id bigint)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_jobs text[];
+    batch  constant integer := 10000;  -- run ids per DELETE
+BEGIN
+    -- Keep each job's newest success, by slot (catch-up starts from it)
+    -- and by time (job_status shows it): for the jobs of this range only.
+    WITH candidates AS (
+        SELECT r.run_id, r.job FROM ledger.job_execution_log r
+         WHERE r.run_id >= from_run_id AND r.run_id < from_run_id + batch
+           AND r.status <> 'running' AND r.completed_at < cutoff
+    ), keep AS (
+        SELECT newest.run_id
+          FROM (SELECT DISTINCT candidates.job FROM candidates) jobs_,
+               LATERAL (
+                   (SELECT r.run_id FROM ledger.job_execution_log r
+                     WHERE r.job = jobs_.job AND r.status = 'success' AND r.slot IS NOT NULL
+                     ORDER BY r.slot DESC LIMIT 1)
+                   UNION ALL
+                   (SELECT r.run_id FROM ledger.job_execution_log r
+                     WHERE r.job = jobs_.job AND r.status = 'success'
+                     ORDER BY r.completed_at DESC LIMIT 1)) newest
+    ), doomed AS (
+        -- An anti-join of the batch, so the DELETE finds its rows by
+        -- primary key: a NOT IN on the DELETE itself made it a scan of
+        -- the whole log for every batch.
+        SELECT candidates.run_id FROM candidates
+         WHERE NOT EXISTS (SELECT FROM keep WHERE keep.run_id = candidates.run_id)
+    ), purged AS (
+        DELETE FROM ledger.job_execution_log r
+         USING doomed
+         WHERE r.run_id = doomed.run_id
+        RETURNING r.run_id, r.job, r.slot, r.idempotency_key, r.status, r.started_at, r.completed_at
+    ), slots_done AS (
+        -- What a purge must not forget: the slots and keys that succeeded.
+        INSERT INTO ledger.purged_slots AS p (job, done_through)
+        SELECT purged.job, max(purged.slot) FROM purged
+         WHERE purged.status = 'success' AND purged.slot IS NOT NULL
+         GROUP BY purged.job
+        ON CONFLICT ON CONSTRAINT purged_slots_pkey DO UPDATE SET
+            done_through = greatest(p.done_through, excluded.done_through)
+    ), keys_done AS (
+        INSERT INTO ledger.purged_keys (job, idempotency_key, run_id, completed_at)
+        SELECT purged.job, purged.idempotency_key, purged.run_id, purged.completed_at FROM purged
+         WHERE purged.status = 'success' AND purged.idempotency_key IS NOT NULL
+        ON CONFLICT ON CONSTRAINT purged_keys_pkey DO NOTHING
+    )
+    -- The jobs whose state the removed rows were part of: their last
+    -- run, their longest success, a failure since their last success
+    -- (the newest successes stay, and so do running runs), their latest
+    -- end, or their overlap.
+    SELECT count(*),
+           array_agg(DISTINCT purged.job::text)
+               FILTER (WHERE c.job IS NULL OR purged.run_id = c.last_run_id
+                          OR (purged.status = 'success'
+                              AND (purged.completed_at - purged.started_at >= c.longest_success
+                                   OR purged.started_at >= c.last_success_started_at))
+                          OR (purged.status = 'failure'
+                              AND purged.started_at > coalesce(c.last_success_started_at, '-infinity'))
+                          OR purged.completed_at >= c.latest_end
+                          OR purged.run_id = c.overlap_run_id)
+      INTO deleted, v_jobs
+      FROM purged LEFT JOIN ledger.counters c ON c.job = purged.job;
+    IF v_jobs IS NOT NULL THEN
+        PERFORM ledger._refresh_state(v_jobs, after_purge => true);
+    END IF;
+    SELECT min(r.run_id) INTO next_run_id FROM ledger.job_execution_log r
+     WHERE r.run_id >= from_run_id + batch;
+END
+$$;
+
+-- Old drop records too, except each job's newest (catch-up starts after it).
+CREATE FUNCTION ledger._purge_skipped(cutoff timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM ledger.skipped_slots s
+     WHERE s.recorded_at < cutoff
+       AND s.last_slot < (SELECT max(t.last_slot) FROM ledger.skipped_slots t WHERE t.job = s.job);
+END
+$$;
+
+-- The purge horizon: older_than checked, subtracted exactly (not in the
+-- session's TimeZone).
+CREATE FUNCTION ledger._purge_cutoff(older_than interval)
+RETURNS timestamptz
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF older_than IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument older_than must not be null';
+    END IF;
+    PERFORM ledger._check_duration(older_than, 'older_than', ledger._max_older_than());
+    RETURN clock_timestamp() - ledger._exact(older_than);
+END
+$$;
+
+-- All batches in the caller's transaction: what it removed is gone, or
+-- nothing is. The counters rows of the jobs it refreshed stay locked until
+-- that transaction ends, so an end of a run of such a job waits for it:
+-- a purge of millions of rows belongs to ledger.purge_log_in_batches.
 CREATE FUNCTION ledger.purge_log(older_than interval)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -435,87 +547,87 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_cutoff  timestamptz;
+    v_cutoff  timestamptz := ledger._purge_cutoff(older_than);
     v_deleted bigint := 0::bigint;
     v_from    bigint;
-    v_last    bigint;
-    v_jobs    text[];
     v_count   bigint;
-    batch     constant integer := 10000;  -- run ids per DELETE
 BEGIN
-    IF older_than IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument older_than must not be null';
-    END IF;
-    PERFORM ledger._check_duration(older_than, 'older_than', ledger._max_older_than());
-    v_cutoff := clock_timestamp() - ledger._exact(older_than);  -- exact: not the session's TimeZone's
-
-    SELECT min(r.run_id), max(r.run_id) INTO v_from, v_last FROM ledger.job_execution_log r;
-    WHILE v_from <= v_last LOOP
-        -- Keep each job's newest success, by slot (catch-up starts from it)
-        -- and by time (job_status shows it): for the jobs of this range only.
-        WITH candidates AS (
-            SELECT r.run_id, r.job FROM ledger.job_execution_log r
-             WHERE r.run_id >= v_from AND r.run_id < v_from + batch
-               AND r.status <> 'running' AND r.completed_at < v_cutoff
-        ), keep AS (
-            SELECT newest.run_id
-              FROM (SELECT DISTINCT candidates.job FROM candidates) jobs_,
-                   LATERAL (
-                       (SELECT r.run_id FROM ledger.job_execution_log r
-                         WHERE r.job = jobs_.job AND r.status = 'success' AND r.slot IS NOT NULL
-                         ORDER BY r.slot DESC LIMIT 1)
-                       UNION ALL
-                       (SELECT r.run_id FROM ledger.job_execution_log r
-                         WHERE r.job = jobs_.job AND r.status = 'success'
-                         ORDER BY r.completed_at DESC LIMIT 1)) newest
-        ), purged AS (
-            DELETE FROM ledger.job_execution_log r
-             USING candidates
-             WHERE r.run_id = candidates.run_id
-               AND r.run_id NOT IN (SELECT keep.run_id FROM keep WHERE keep.run_id IS NOT NULL)
-            RETURNING r.run_id, r.job, r.slot, r.idempotency_key, r.status, r.started_at, r.completed_at
-        ), slots_done AS (
-            -- What a purge must not forget: the slots and keys that succeeded.
-            INSERT INTO ledger.purged_slots AS p (job, done_through)
-            SELECT purged.job, max(purged.slot) FROM purged
-             WHERE purged.status = 'success' AND purged.slot IS NOT NULL
-             GROUP BY purged.job
-            ON CONFLICT ON CONSTRAINT purged_slots_pkey DO UPDATE SET
-                done_through = greatest(p.done_through, excluded.done_through)
-        ), keys_done AS (
-            INSERT INTO ledger.purged_keys (job, idempotency_key, run_id, completed_at)
-            SELECT purged.job, purged.idempotency_key, purged.run_id, purged.completed_at FROM purged
-             WHERE purged.status = 'success' AND purged.idempotency_key IS NOT NULL
-            ON CONFLICT ON CONSTRAINT purged_keys_pkey DO NOTHING
-        )
-        -- The jobs whose state the removed rows were part of: their last
-        -- run, their longest success, a failure since their last success
-        -- (the newest successes stay, and so do running runs), or their
-        -- overlap.
-        SELECT count(*),
-               array_agg(DISTINCT purged.job::text)
-                   FILTER (WHERE c.job IS NULL OR purged.run_id = c.last_run_id
-                              OR (purged.status = 'success'
-                                  AND (purged.completed_at - purged.started_at >= c.longest_success
-                                       OR purged.started_at >= c.last_success_started_at))
-                              OR (purged.status = 'failure'
-                                  AND purged.started_at > coalesce(c.last_success_started_at, '-infinity'))
-                              OR purged.run_id = c.overlap_run_id)
-          INTO v_count, v_jobs
-          FROM purged LEFT JOIN ledger.counters c ON c.job = purged.job;
+    SELECT min(r.run_id) INTO v_from FROM ledger.job_execution_log r;
+    WHILE v_from IS NOT NULL LOOP
+        SELECT b.deleted, b.next_run_id INTO v_count, v_from FROM ledger._purge_batch(v_cutoff, v_from) b;
         v_deleted := v_deleted + v_count;
-        IF v_jobs IS NOT NULL THEN
-            PERFORM ledger._refresh_state(v_jobs);
-        END IF;
-        v_from := v_from + batch;
     END LOOP;
-
-    -- Old drop records too, except each job's newest (catch-up starts after it).
-    DELETE FROM ledger.skipped_slots s
-     WHERE s.recorded_at < v_cutoff
-       AND s.last_slot < (SELECT max(t.last_slot) FROM ledger.skipped_slots t WHERE t.job = s.job);
+    PERFORM ledger._purge_skipped(v_cutoff);
     RETURN v_deleted;
 END
 $$;
 COMMENT ON FUNCTION ledger.purge_log(interval) IS
-    'Delete ended runs older than that, never a job''s newest success, in batches of run ids; returns how many';
+    'Delete ended runs older than that, never a job''s newest success, in batches of run ids, in one transaction; returns how many';
+
+-- What one batch of a purge did, and where the next one starts.
+CREATE TYPE ledger.purge_batch AS (
+    deleted     bigint,   -- runs this batch deleted
+    next_run_id bigint    -- from_run_id of the next batch; NULL: this was the last
+);
+
+-- One batch, for a caller that commits between batches
+-- (ledger.purge_log_in_batches, jobledger purge): from from_run_id (NULL:
+-- the oldest run), the next 10,000 run ids. After the last batch
+-- (next_run_id NULL) the old drop records go too.
+CREATE FUNCTION ledger.purge_log_batch(older_than interval, from_run_id bigint DEFAULT NULL)
+RETURNS ledger.purge_batch
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_cutoff timestamptz := ledger._purge_cutoff(older_than);
+    v_from   bigint;
+    v_batch  ledger.purge_batch := ROW(0::bigint, NULL::bigint);
+BEGIN
+    IF from_run_id < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument from_run_id must be positive (or null: from the oldest run), not %s', from_run_id),
+            DETAIL = jsonb_build_object('argument', 'from_run_id', 'value', from_run_id)::text;
+    END IF;
+    SELECT min(r.run_id) INTO v_from FROM ledger.job_execution_log r
+     WHERE r.run_id >= coalesce(from_run_id, 1);
+    IF v_from IS NOT NULL THEN
+        SELECT b.deleted, b.next_run_id INTO v_batch.deleted, v_batch.next_run_id
+          FROM ledger._purge_batch(v_cutoff, v_from) b;
+    END IF;
+    IF v_batch.next_run_id IS NULL THEN
+        PERFORM ledger._purge_skipped(v_cutoff);
+    END IF;
+    RETURN v_batch;
+END
+$$;
+COMMENT ON FUNCTION ledger.purge_log_batch(interval, bigint) IS
+    'One batch of purge_log (10,000 run ids from from_run_id): how many it deleted and where the next batch starts, NULL after the last';
+
+-- A purge that commits after every batch: no lock is held longer than one
+-- batch (a fraction of a second), and a purge stopped half-way keeps the
+-- batches it committed, each of them whole. Deliberately neither SECURITY
+-- DEFINER nor SET (either forbids COMMIT): it calls only the public
+-- ledger.purge_log_batch, so the caller needs ledger_client. Inside a
+-- transaction block the first COMMIT fails (2D000) and nothing is removed.
+CREATE PROCEDURE ledger.purge_log_in_batches(older_than interval, INOUT deleted bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_next  bigint;
+    v_count bigint;
+BEGIN
+    deleted := 0;
+    LOOP
+        SELECT b.deleted, b.next_run_id INTO v_count, v_next
+          FROM ledger.purge_log_batch(older_than => older_than, from_run_id => v_next) b;
+        deleted := deleted + v_count;
+        COMMIT;
+        EXIT WHEN v_next IS NULL;
+    END LOOP;
+END
+$$;
+COMMENT ON PROCEDURE ledger.purge_log_in_batches(interval, bigint) IS
+    'purge_log, committing after every batch of 10,000 run ids; returns how many it deleted';

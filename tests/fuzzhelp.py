@@ -93,7 +93,9 @@ def signatures(conn: psycopg.Connection, schema: str) -> dict[str, Signature]:
     """Every function of `schema` whose name does not start with '_'."""
     rows = conn.execute(
         """
-        SELECT p.proname, p.prokind = 'p', p.proargmodes IS NULL, coalesce(p.proargnames, '{}'),
+        SELECT p.proname, p.prokind = 'p',
+               -- IN and INOUT only (a procedure returns its INOUT arguments): each is passed
+               coalesce(p.proargmodes <@ '{i,b}'::"char"[], true), coalesce(p.proargnames, '{}'),
                array(SELECT format_type(u.t, NULL)
                        FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY u(t, i) ORDER BY u.i),
                p.pronargdefaults, pg_get_function_arguments(p.oid)
@@ -105,7 +107,7 @@ def signatures(conn: psycopg.Connection, schema: str) -> dict[str, Signature]:
     ).fetchall()
     found: dict[str, Signature] = {}
     for name, procedure, in_only, names, types, ndefaults, arguments in rows:
-        assert in_only, f"{schema}.{name} has OUT/INOUT arguments: teach fuzzhelp.signatures about them"
+        assert in_only, f"{schema}.{name} has OUT arguments: teach fuzzhelp.signatures about them"
         assert name not in found, f"{schema}.{name} is overloaded (the contract allows one signature)"
         assert len(names) == len(types), f"{schema}.{name} has unnamed arguments"
         defaults: list[str | None] = [None] * len(types)
@@ -528,8 +530,10 @@ def strategy_for(arg: Arg, live: Live) -> st.SearchStrategy[Any]:
     key = (arg.name, arg.type)
     if arg.type == "text" and arg.name in LABEL_ARGS:
         return labels(live.labels_for(arg.name))
-    if key in {("token", "bigint"), ("run_id", "bigint")}:
+    if key in {("token", "bigint"), ("run_id", "bigint"), ("from_run_id", "bigint")}:
         return bigints(live.tokens if arg.name == "token" else live.run_ids)
+    if key == ("deleted", "bigint"):  # purge_log_in_batches' INOUT result: its input is ignored
+        return st.one_of(st.none(), st.integers(-2**63, 2**63 - 1))
     if arg.type == "interval" and arg.name in DURATION_BOUNDS:
         return intervals()
     if arg.type == "timestamptz" and arg.name in INSTANT_ARGS:
@@ -816,7 +820,7 @@ def bound_violations(call: Call, facts: dict[str, Any]) -> list[str]:
             why = label_problem(value)
             if why:
                 problems.append(f"label {arg.name} {why}")
-        elif arg.type == "bigint" and arg.name in {"token", "run_id"} and fact <= 0:
+        elif arg.type == "bigint" and arg.name in {"token", "run_id", "from_run_id"} and fact <= 0:
             problems.append(f"{arg.name} {fact} is not positive")
         elif arg.type == "interval" and arg.name in DURATION_BOUNDS and fact is None:
             problems.append(f"{arg.name} is infinite")

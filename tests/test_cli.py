@@ -174,6 +174,15 @@ def test_purge_deletes_old_runs_but_the_newest_success(dsn, db):
     assert len(runs_of(db, "old")) == 1
     assert jobledger("purge", "--older-than", "'120 days'", dsn=dsn).returncode == 2  # quotes are not interval text
     assert jobledger("purge", "--older-than", "120 days", dsn=dsn).stdout == "purged 0 runs older than 120d\n"
+    # All or nothing, in one transaction (ledger.purge_log): the same purge.
+    db.execute("UPDATE ledger.job_execution_log SET started_at = started_at - interval '30 days', "
+               "heartbeat_at = heartbeat_at - interval '30 days', completed_at = completed_at - interval '30 days'")
+    complete_old = db.execute(
+        "SELECT run_id, token FROM ledger.start_run(job => 'old', owner => 'w', ttl => '1 minute')").fetchone()
+    db.execute("SELECT ledger.complete_run(run_id => %s, token => %s)", complete_old)
+    result = jobledger("purge", "--older-than", "90d", "--one-transaction", dsn=dsn)
+    assert result.stdout == "purged 1 run older than 90d\n", result.stderr
+    assert [r["run_id"] for r in runs_of(db, "old")] == [complete_old[0]]
     assert jobledger("purge", dsn=dsn).returncode == 2  # --older-than is required
 
 

@@ -567,7 +567,8 @@ def test_notify_with_a_state_file_sends_after_a_restart_what_was_raised_and_clea
     assert [(b["kind"], b["job"]) for b in resent] == [
         ("alert_cleared", "other"), ("alert_raised", "third"), ("alert_cleared", "third")]
     saved = json.loads(state.read_text())
-    assert set(saved) == {"after", "updated_at"} and saved["after"] == missed[-1] == resent[-1]["event_id"]
+    assert set(saved) == {"after", "gaps", "updated_at"} and saved["after"] == missed[-1] == resent[-1]["event_id"]
+    assert saved["gaps"] == []
     assert datetime.fromisoformat(saved["updated_at"]).tzinfo is not None
     assert list(tmp_path.iterdir()) == [state]  # no temporary file left behind
 
@@ -603,6 +604,52 @@ def test_the_operations_page_cron_notify_with_a_state_file_sends_each_event_once
     assert _saved(state) == value(db, "SELECT max(event_id) FROM ledger.events")
 
 
+def _gaps(path: Path) -> list[tuple[int, int]]:
+    """The id ranges a notifier's state file says are still waited for."""
+    return [(gap["first"], gap["last"]) for gap in json.loads(path.read_text())["gaps"]]
+
+
+def test_notify_with_a_state_file_sends_an_alert_that_commits_late_even_when_no_notifier_ran_meanwhile(
+        dsn, db, connect, hook, tmp_path):
+    """An alert recorded by a transaction that commits after later events were read (a sync_alerts from
+    pg_cron in a slow transaction): the state file keeps its ids as a gap, and the next --once sends it."""
+    state = tmp_path / "notify.json"
+    once = ("notify", "--webhook", hook.url, "--once", "--state-file", str(state))
+    assert jobledger(*once, dsn=dsn).returncode == 0  # the file, at the newest event
+    slow = connect(autocommit=False)
+    run_once(slow, "backup", error="boom")
+    [raised] = Ledger(slow).sync_alerts()  # its events' ids are taken, not committed
+    run_once(db, "quiet")  # later ids, committed
+    first = jobledger(*once, dsn=dsn)
+    assert first.returncode == 0, first.stderr
+    assert hook.bodies() == []  # nothing to send yet; its own sync found the other at work
+    assert _saved(state) == value(db, "SELECT max(event_id) FROM ledger.events") > raised.event_id
+    assert any(first <= raised.event_id <= last for first, last in _gaps(state)), state.read_text()
+    slow.commit()
+    second = jobledger(*once, dsn=dsn)
+    assert second.returncode == 0, second.stderr
+    assert [(b["event_id"], b["kind"], b["job"]) for b in hook.bodies()] == [
+        (raised.event_id, "alert_raised", "backup")]
+    assert _gaps(state) == []  # every id of the slow transaction turned up
+
+
+def test_notify_with_a_state_file_stops_waiting_for_a_gap_whose_transaction_rolled_back(
+        dsn, db, connect, hook, tmp_path):
+    state = tmp_path / "notify.json"
+    once = ("notify", "--webhook", hook.url, "--once", "--state-file", str(state))
+    assert jobledger(*once, dsn=dsn).returncode == 0
+    doomed = connect(autocommit=False)
+    run_once(doomed, "backup", error="boom")  # ids taken, then rolled back
+    run_once(db, "quiet")
+    assert jobledger(*once, dsn=dsn).returncode == 0
+    assert _gaps(state) != []
+    doomed.rollback()
+    # Run after run (cron), the gap settles: a snapshot bound taken once it is a second old, then passed.
+    wait_for(lambda: jobledger(*once, dsn=dsn).returncode == 0 and _gaps(state) == [], timeout=TIMEOUT,
+             what=f"the gap given up ({state.read_text()})")
+    assert hook.bodies() == []
+
+
 def test_notify_once_saves_a_given_up_event_as_handled(dsn, db, hook, tmp_path):
     state = tmp_path / "notify.json"
     once = ("notify", "--webhook", hook.url, "--once", "--state-file", str(state))
@@ -616,8 +663,12 @@ def test_notify_once_saves_a_given_up_event_as_handled(dsn, db, hook, tmp_path):
     assert len(hook.bodies()) == 1  # not sent again: the next run goes on after it
 
 
-@pytest.mark.parametrize("contents", ["{not json", "", '{"after": "12"}', '{"after": -1}', "[12]", '{"position": 3}'],
-                         ids=["not-json", "empty", "a-string", "negative", "a-list", "no-after"])
+@pytest.mark.parametrize("contents", [
+    "{not json", "", '{"after": "12"}', '{"after": -1}', "[12]", '{"position": 3}', '{"after": 5, "gaps": [[1, 2]]}',
+    '{"after": 5, "gaps": [{"first": 6, "last": 7, "seen_at": "2026-12-01T00:00:00+00:00", "horizon": null}]}',
+    '{"after": 5, "gaps": [{"first": 2, "last": 3, "seen_at": "yesterday", "horizon": null}]}',
+], ids=["not-json", "empty", "a-string", "negative", "a-list", "no-after", "gap-a-pair", "gap-above-after",
+        "gap-seen-not-a-time"])
 def test_notify_refuses_a_state_file_it_cannot_read_with_exit_2_and_sends_nothing(dsn, db, hook, tmp_path,
                                                                                   contents):
     state = tmp_path / "notify.json"
@@ -705,4 +756,5 @@ def test_every_events_command_has_help_that_says_what_it_does():
         assert summary in " ".join(result.output.split()), name
     notify_help = " ".join(runner.invoke(main, ["notify", "--help"]).output.split())
     assert "at least once" in notify_help and "deduplicates by event_id" in notify_help
-    assert '--state-file PATH Keep the position in PATH (JSON: {"after": EVENT_ID, "updated_at": TIME})' in notify_help
+    assert ('--state-file PATH Keep the position in PATH (JSON: {"after": EVENT_ID, "gaps": [...], "updated_at": '
+            'TIME}; gaps: ids below it still waited for)') in notify_help

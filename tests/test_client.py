@@ -449,6 +449,31 @@ def test_the_event_settings_change_as_given_the_alerts_sync_once_and_old_events_
     assert ledger.events() == []
 
 
+def _aged_runs(ledger, db, job, count):
+    """`count` successes of `job`, 100 days old, each in a batch of run ids of its own (a gap of 10,000)."""
+    for _ in range(count):
+        with ledger.run(job, ttl=timedelta(minutes=1)):
+            pass
+        db.execute("SELECT setval(pg_get_serial_sequence('ledger.job_execution_log', 'run_id'),"
+                   " (SELECT max(run_id) FROM ledger.job_execution_log) + 10000)")
+    db.execute("UPDATE ledger.job_execution_log SET started_at = started_at - interval '100 days',"
+               " heartbeat_at = heartbeat_at - interval '100 days',"
+               " completed_at = completed_at - interval '100 days'")  # the test owns the table
+
+
+@pytest.mark.parametrize("in_transaction", [False, True])
+def test_purge_log_in_batches_deletes_what_purge_log_would_a_batch_at_a_time(ledger, db, in_transaction):
+    _aged_runs(ledger, db, "old", 4)
+    if in_transaction:  # over the caller's transaction: a savepoint per batch, the caller commits
+        with db.transaction():
+            assert ledger.purge_log_in_batches(timedelta(days=90)) == 3
+    else:
+        assert ledger.purge_log_in_batches(timedelta(days=90)) == 3
+    assert one(db, "SELECT count(*) FROM ledger.job_execution_log WHERE job = 'old'")[0] == 1
+    assert ledger.purge_log_in_batches(timedelta(days=90)) == 0
+    assert ledger.purge_log(timedelta(days=90)) == 0  # the newest success stays
+
+
 def test_heartbeats_use_their_own_connection_from_heartbeat_conninfo(db, dsn):
     conninfo = dsn + " application_name=ledger-heartbeat"
     with Ledger(db, owner="worker-1", heartbeat_conninfo=conninfo) as ledger, \
@@ -534,6 +559,29 @@ def test_no_thread_or_connection_leaks_after_1000_runs(dsn, db):
         assert settle(db, 1) == 1
     assert settle(db, 0) == 0
     assert one(db, "SELECT count(*) FROM ledger.job_execution_log WHERE status = 'success'")[0] == 1100
+
+
+def test_runs_shorter_than_their_heartbeat_interval_start_no_heartbeat_and_no_watchdog_of_their_own(
+        ledger, db):
+    """A heartbeat's task (its thread, in the sync client) starts when its first beat is due, and the sync
+    client's watchdogs keep their times on one timer thread for the process: three runs open at once, none
+    of them a minute old, add no task and no thread but that one timer (busy while they are open)."""
+    with ledger.run("warm", ttl=timedelta(minutes=3)):  # the ledger's own connections, the timer
+        pass
+    before = settle_workers(workers())
+    with ledger.run("a", ttl=timedelta(minutes=3)) as a, ledger.run("b", ttl=timedelta(minutes=3)) as b, \
+            ledger.run("c", ttl=timedelta(minutes=3)) as c:
+        assert a.started and b.started and c.started
+        assert before <= workers() <= before + 1  # at most the timer's thread, which holds their times
+    assert settle_workers(before) == before
+    # A longer body still beats: its heartbeat starts when the first beat is due.
+    with ledger.run("slow", ttl=timedelta(seconds=30), heartbeat_interval=timedelta(milliseconds=50)) as slow:
+        query = "SELECT heartbeat_at FROM ledger.job_execution_log WHERE run_id = %s"
+        first = one(db, query, (slow.run_id,))[0]
+        deadline = time.monotonic() + 30
+        while one(db, query, (slow.run_id,))[0] == first:
+            assert time.monotonic() < deadline, "no heartbeat in 30 s"
+            sleep(0.05)
 
 
 def test_the_heartbeat_conninfo_keeps_the_password_that_info_dsn_drops(dsn):

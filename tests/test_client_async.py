@@ -549,6 +549,31 @@ async def test_the_event_settings_change_as_given_the_alerts_sync_once_and_old_e
     assert await aledger.events() == []
 
 
+async def _aged_runs(aledger, adb, job, count):
+    """`count` successes of `job`, 100 days old, each in a batch of run ids of its own (a gap of 10,000)."""
+    for _ in range(count):
+        async with aledger.run(job, ttl=timedelta(minutes=1)):
+            pass
+        await adb.execute("SELECT setval(pg_get_serial_sequence('ledger.job_execution_log', 'run_id'),"
+                          " (SELECT max(run_id) FROM ledger.job_execution_log) + 10000)")
+    await adb.execute("UPDATE ledger.job_execution_log SET started_at = started_at - interval '100 days',"
+                      " heartbeat_at = heartbeat_at - interval '100 days',"
+                      " completed_at = completed_at - interval '100 days'")  # the test owns the table
+
+
+@pytest.mark.parametrize("in_transaction", [False, True])
+async def test_purge_log_in_batches_deletes_what_purge_log_would_a_batch_at_a_time(aledger, adb, in_transaction):
+    await _aged_runs(aledger, adb, "old", 4)
+    if in_transaction:  # over the caller's transaction: a savepoint per batch, the caller commits
+        async with adb.transaction():
+            assert await aledger.purge_log_in_batches(timedelta(days=90)) == 3
+    else:
+        assert await aledger.purge_log_in_batches(timedelta(days=90)) == 3
+    assert (await one(adb, "SELECT count(*) FROM ledger.job_execution_log WHERE job = 'old'"))[0] == 1
+    assert await aledger.purge_log_in_batches(timedelta(days=90)) == 0
+    assert await aledger.purge_log(timedelta(days=90)) == 0  # the newest success stays
+
+
 async def test_heartbeats_use_their_own_connection_from_heartbeat_conninfo(adb, dsn):
     conninfo = dsn + " application_name=ledger-heartbeat"
     async with AsyncLedger(adb, owner="worker-1", heartbeat_conninfo=conninfo) as ledger, \
@@ -637,6 +662,32 @@ async def test_no_task_thread_or_connection_leaks_after_1000_runs(dsn, adb):
         assert await settle(adb, 1) == 1
     assert await settle(adb, 0) == 0
     assert (await one(adb, "SELECT count(*) FROM ledger.job_execution_log WHERE status = 'success'"))[0] == 1100
+
+
+async def test_runs_shorter_than_their_heartbeat_interval_start_no_heartbeat_and_no_watchdog_of_their_own(
+        aledger, adb):
+    """A heartbeat's task (its thread, in the sync client) starts when its first beat is due, and the sync
+    client's watchdogs keep their times on one timer thread for the process: three runs open at once, none
+    of them a minute old, add no task and no thread but that one timer (busy while they are open)."""
+    async with aledger.run("warm", ttl=timedelta(minutes=3)):  # the ledger's own connections, the timer
+        pass
+    before = await settle_workers(workers())
+    async with aledger.run("a", ttl=timedelta(minutes=3)) as a, aledger.run("b", ttl=timedelta(minutes=3)) as b, \
+            aledger.run("c", ttl=timedelta(minutes=3)) as c:
+        assert a.started and b.started and c.started
+        if ASYNC:
+            assert workers() == before  # the loop's timers: no thread and no task
+        else:
+            assert before <= workers() <= before + 1  # at most the timer's thread, which holds their times
+    assert await settle_workers(before) == before
+    # A longer body still beats: its heartbeat starts when the first beat is due.
+    async with aledger.run("slow", ttl=timedelta(seconds=30), heartbeat_interval=timedelta(milliseconds=50)) as slow:
+        query = "SELECT heartbeat_at FROM ledger.job_execution_log WHERE run_id = %s"
+        first = (await one(adb, query, (slow.run_id,)))[0]
+        deadline = time.monotonic() + 30
+        while (await one(adb, query, (slow.run_id,)))[0] == first:
+            assert time.monotonic() < deadline, "no heartbeat in 30 s"
+            await asleep(0.05)
 
 
 async def test_the_heartbeat_conninfo_keeps_the_password_that_info_dsn_drops(dsn):

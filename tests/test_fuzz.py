@@ -68,7 +68,7 @@ FUZZED = sorted([
     "advance_fence", "fence",
     "start_run", "heartbeat", "complete_run", "fail_run", "cancel_run", "reap_expired",
     "register_job", "pause_job", "resume_job", "due_slots", "start_due_run",
-    "purge_log", "run_guarded", "next_slots", "preview_slots",
+    "purge_log", "purge_log_batch", "purge_log_in_batches", "run_guarded", "next_slots", "preview_slots",
     "unregister_job", "force_release", "request_cancel", "backfill",
     "configure_events", "purge_events", "sync_alerts",
 ])

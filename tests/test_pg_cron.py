@@ -608,7 +608,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "pg_cron.md"
 @pytest.mark.cluster
 def test_the_cron_lines_of_the_docs_schedule_and_their_commands_run(cron_run):
     blocks = [b for b in re.findall(r"```sql\n(.*?)```", DOCS.read_text(), re.S) if "cron.schedule(" in b]
-    assert len(blocks) >= 3  # a guarded job, the reaper, a fenced write
+    assert len(blocks) >= 4  # a guarded job, the reaper, the purge, a fenced write
     with cron_run.cluster.connect() as conn:
         conn.execute("CREATE TABLE daily_totals (day date, total numeric)")
         conn.execute("CREATE TABLE orders (amount numeric, created_at timestamptz)")
@@ -625,6 +625,7 @@ def test_the_cron_lines_of_the_docs_schedule_and_their_commands_run(cron_run):
                 raise psycopg.Rollback()
         for command in commands:
             conn.execute(command)
+        assert "CALL ledger.purge_log_in_batches('90 days')" in commands  # it ran (nothing old to delete)
         for job in ("nightly-rollup", "publish"):
             assert value(conn, "SELECT status FROM ledger.job_execution_log WHERE job = %s", (job,)) == "success"
         assert value(conn, "SELECT total FROM daily_totals") == 12

@@ -67,6 +67,8 @@ NAMES = {
     "ALock": "Lock",
     "AEvent": "Event",
     "aspawn": "spawn",
+    "adefer": "defer",
+    "ADeferred": "Deferred",
     "ajoin": "join",
     "in_task": "in_thread",
     "await_event": "wait_event",

@@ -103,11 +103,16 @@ def resume(job: str, dsn: str) -> None:
 @click.command()
 @click.option("--older-than", type=DURATION, required=True,
               help="Delete ended runs older than this (90d, '3 weeks', ...); a job's newest success stays.")
+@click.option("--one-transaction", is_flag=True,
+              help="All or nothing, in one transaction (`ledger.purge_log`): the ends of the runs of the jobs it "
+                   "touched wait for it. Default: a commit after every batch of 10,000 run ids.")
 @dsn_option
-def purge(older_than: timedelta, dsn: str) -> None:
-    """Delete old ended runs from the log (`ledger.purge_log`)."""
+def purge(older_than: timedelta, one_transaction: bool, dsn: str) -> None:
+    """Delete old ended runs from the log, a job's newest success kept, committing after every batch of
+    10,000 run ids (`ledger.purge_log_batch`), so no lock is held longer than one batch."""
     with connect(dsn) as conn:
-        deleted = Ledger(conn).purge_log(older_than)
+        ledger = Ledger(conn)
+        deleted = ledger.purge_log(older_than) if one_transaction else ledger.purge_log_in_batches(older_than)
     click.echo(f"purged {plural(deleted, 'run')} older than {format_duration(older_than)}")
 
 

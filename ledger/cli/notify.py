@@ -25,10 +25,31 @@ from ledger.cli._options import DURATION, connect, dsn_option
 from ledger.cli._output import OneLineUsageError, say, stopped_by_signals
 from ledger.durations import format_duration
 from ledger.models import ALERT_KINDS
-from ledger.tail import EventCursor, Follower
+from ledger.tail import EventCursor, Follower, Gap
 from ledger.webhook import deliver, shown_url
 
 MAX_RETRIES = 100
+
+
+def _is_id(value: Any, least: int) -> bool:
+    """An event id (or a transaction id) in a state file: an integer, not a boolean, of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _gap(item: Any, after: int) -> Gap | None:
+    """A gap as a state file keeps it, or None when it is not one (ids from 1 to ``after``)."""
+    if not isinstance(item, dict) or set(item) != {"first", "last", "seen_at", "horizon"}:
+        return None
+    first, last, seen_at, horizon = item["first"], item["last"], item["seen_at"], item["horizon"]
+    if not (_is_id(first, 1) and _is_id(last, first) and last <= after and (horizon is None or _is_id(horizon, 0))):
+        return None
+    try:
+        seen = datetime.fromisoformat(seen_at) if isinstance(seen_at, str) else None
+    except ValueError:
+        return None
+    if seen is None or seen.tzinfo is None:
+        return None
+    return Gap(first, last, seen.timestamp(), horizon)
 
 
 def _webhook(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -45,23 +66,28 @@ def _webhook(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 class StateFile:
-    """Where a notifier keeps its position from one run to the next: ``{"after": EVENT_ID, "updated_at": ...}``.
+    """Where a notifier keeps its position from one run to the next:
+    ``{"after": EVENT_ID, "gaps": [{"first", "last", "seen_at", "horizon"}, ...], "updated_at": ...}``.
 
     ``after``: every alert event up to it has been handled (delivered or given
-    up), or was before the start; the next run starts after it. Written whole
-    each time (a temporary file in the same directory, fsync, ``os.replace``),
-    so a crash leaves the old position or the new one, never half of one.
-
-    Only the highest id is kept, not the cursor's gaps (``ledger.tail``: they
-    are private, and timed on the process's clock): an alert event whose
-    transaction commits after a later event was handled, and only once the
-    notifier has stopped, is not sent by the next run.
+    up), or was before the start, except those in ``gaps``: the ranges of ids
+    at or below ``after`` the cursor still waited for (``ledger.tail``: taken
+    by a transaction that had not committed yet), with when it first saw
+    each and the snapshot bound it settles by (a transaction id). The next
+    run starts after ``after`` and waits for the gaps again, for as long as
+    the first run would have, so an alert event that commits late, even
+    while no notifier runs, is still sent. Written whole each time (a
+    temporary file in the same directory, fsync, ``os.replace``), so a crash
+    leaves the old state or the new one, never half of one. A file without
+    ``gaps`` (an older notifier's) has none.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.after: int | None = None
         """The position last written (or read), None before either."""
+        self.gaps: list[Gap] = []
+        """The ranges of ids at or below :attr:`after` still waited for, as last written (or read)."""
 
     def load(self) -> int | None:
         """The position the file holds; None when there is no file. One that cannot be read is a usage error."""
@@ -76,35 +102,45 @@ class StateFile:
         except ValueError as error:
             raise self._unreadable(f"not JSON ({error})") from None
         after = state.get("after") if isinstance(state, dict) else None
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        if not isinstance(after, int) or not _is_id(after, 0):
             raise self._unreadable('not an object with "after": a non-negative event_id')
-        self.after = after
+        kept = state.get("gaps", [])
+        gaps = [_gap(item, after) for item in kept] if isinstance(kept, list) else [None]
+        if None in gaps:
+            raise self._unreadable(f'"gaps" is not a list of {{"first", "last", "seen_at", "horizon"}} objects, '
+                                   f"ranges of event ids at or below {after}")
+        self.after, self.gaps = after, [gap for gap in gaps if gap is not None]
         return after
 
     def _unreadable(self, why: str) -> OneLineUsageError:
         return OneLineUsageError(f"cannot read the state file {self.path}: {why}; fix it, or remove it to start at "
                                  "the newest event (or --after EVENT_ID)")
 
-    def start(self, after: int) -> None:
-        """Write the position it starts after: the file exists from the start, and can be written."""
+    def start(self, cursor: EventCursor) -> None:
+        """Write where ``cursor`` starts (after its origin): the file exists from the start, and can be written."""
         try:
-            self._write(after)
+            self._write(cursor.origin, cursor.gap_ranges(cursor.origin))
         except OSError as error:
             raise OneLineUsageError(f"cannot write the state file {self.path}: {error}") from None
 
-    def advance(self, after: int) -> None:
-        """Write ``after`` when it is beyond the position written; a failed write is told, and the notifier
-        goes on (a restart then sends again what came after the position the file holds)."""
-        if self.after is not None and after <= self.after:
+    def advance(self, handled: int, cursor: EventCursor) -> None:
+        """Every alert event up to ``handled`` is handled but those ``cursor`` still waits for: write it when
+        it moves the position on or a gap closed. A failed write is told, and the notifier goes on (a restart
+        then sends again what came after the state the file holds)."""
+        after = max(handled, self.after or 0)  # a late event of a gap: the position stays, the gap closes
+        gaps = cursor.gap_ranges(after)
+        if after == self.after and gaps == self.gaps:
             return
         try:
-            self._write(after)
+            self._write(after, gaps)
         except OSError as error:
             held = f"event {self.after}" if self.after is not None else "nothing"
             say(f"could not write the state file {self.path} ({error}); it still holds {held}")
 
-    def _write(self, after: int) -> None:
-        text = json.dumps({"after": after, "updated_at": datetime.now(timezone.utc).isoformat()}) + "\n"
+    def _write(self, after: int, gaps: list[Gap]) -> None:
+        kept = [{"first": gap.first, "last": gap.last, "horizon": gap.horizon,
+                 "seen_at": datetime.fromtimestamp(gap.seen, timezone.utc).isoformat()} for gap in gaps]
+        text = json.dumps({"after": after, "gaps": kept, "updated_at": datetime.now(timezone.utc).isoformat()}) + "\n"
         directory = self.path.parent
         fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{self.path.name}.", suffix=".tmp")
         try:
@@ -117,7 +153,7 @@ class StateFile:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
             raise
-        self.after = after
+        self.after, self.gaps = after, gaps
         with contextlib.suppress(OSError):  # the rename itself, on disk (not every system opens a directory)
             dir_fd = os.open(directory, os.O_RDONLY)
             try:
@@ -144,9 +180,10 @@ class StateFile:
                    "at start, or after the position in --state-file.")
 @click.option("--state-file", "state_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="PATH",
-              help='Keep the position in PATH (JSON: {"after": EVENT_ID, "updated_at": TIME}), written at start '
-                   "and after each event delivered or given up: a restart, or the next --once, sends what came "
-                   "since. When PATH exists it starts after its event (--after with it is a usage error); one "
+              help='Keep the position in PATH (JSON: {"after": EVENT_ID, "gaps": [...], "updated_at": TIME}; '
+                   "gaps: ids below it still waited for), written at start and after each event delivered or "
+                   "given up: a restart, or the next --once, sends what came since, and what commits late in a "
+                   "gap. When PATH exists it starts after its event (--after with it is a usage error); one "
                    "that cannot be read: exit 2.")
 @click.option("--once", is_flag=True,
               help="One poll: sync the alerts, deliver what is new, exit; exit code 1 when a delivery was given up.")
@@ -173,7 +210,7 @@ def notify(ctx: click.Context, url: str, job: str | None, interval: timedelta, r
                                 f"where to start: drop --after to go on after event {saved}, or remove the file "
                                 f"to start after event {after}")
     start = saved if saved is not None else after
-    cursor = EventCursor(start or 0, job=job, kinds=ALERT_KINDS)
+    cursor = EventCursor(start or 0, job=job, kinds=ALERT_KINDS, gaps=state.gaps if state is not None else ())
     follower = Follower(lambda: connect(dsn), cursor, interval=interval.total_seconds(), sync_alerts=True, say=say)
     given_up = 0
     with stopped_by_signals():
@@ -182,7 +219,7 @@ def notify(ctx: click.Context, url: str, job: str | None, interval: timedelta, r
             if start is None:
                 cursor.start_at_newest(conn)
             if state is not None:
-                state.start(cursor.origin)
+                state.start(cursor)
             what = f" of job {job}" if job is not None else ""
             how = "once" if once else f"every {format_duration(interval)}; Ctrl-C to stop"
             kept = f"position kept in {state_path}; " if state is not None else ""
@@ -193,9 +230,9 @@ def notify(ctx: click.Context, url: str, job: str | None, interval: timedelta, r
                     if not delivery.delivered:
                         given_up += 1
                     if state is not None:
-                        state.advance(event.event_id)
+                        state.advance(event.event_id, cursor)
                 if state is not None:  # every alert event the reads got so far is handled
-                    state.advance(cursor.position)
+                    state.advance(cursor.position, cursor)
         finally:
             follower.close()
     if once and given_up:
