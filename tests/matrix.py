@@ -44,7 +44,7 @@ SQL_TESTS = (
     "tests/test_hardening.py", "tests/test_privileges.py", "tests/test_migrations.py",
     "tests/test_durability.py", "tests/test_concurrency.py", "tests/test_plpgsql_check.py",
     "tests/test_readme_sql.py", "tests/test_install.py", "tests/test_health.py", "tests/test_preview.py",
-    "tests/test_hotpath_state.py", "tests/test_queries.py",
+    "tests/test_hotpath_state.py", "tests/test_queries.py", "tests/test_purge.py",
 )
 
 
