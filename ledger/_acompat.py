@@ -17,6 +17,7 @@ import heapq
 import inspect
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -162,6 +163,10 @@ class Timer:
     """
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        """Nothing set and no thread: at first, and in the child of a fork (the thread was not copied)."""
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int]] = []
         self._live: dict[int, Callable[[], object]] = {}
@@ -216,6 +221,20 @@ class Timer:
 
 TIMER = Timer()
 """The process's one :class:`Timer`."""
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a prefork server: gunicorn, celery) has none of the parent's threads: without this
+    # its spawn would hand targets to parked threads that do not exist, and its timer would never fire.
+    # What the parent had set belongs to the parent's contexts.
+    global _idle_lock
+    _idle_lock = threading.Lock()
+    _idle.clear()
+    TIMER._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class ADeferred:
