@@ -91,6 +91,12 @@ def head() -> str:
     return revision
 
 
+# Every release and the revision its schema is at. A released revision never
+# changes again (tests/release/test_frozen.py holds the hash of each file):
+# an upgrade from a release is the revisions after its own.
+RELEASES: dict[str, str] = {"0.1.0": "0001"}
+
+
 # A second run of the install script would fail on "relation already
 # exists" half-way; say instead what to do. (An upgrade is a migration.)
 _ALREADY_INSTALLED_SQL = f"""\

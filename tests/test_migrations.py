@@ -87,8 +87,8 @@ def assert_same_catalog(expected: Snapshot, actual: Snapshot, what: str) -> None
             if sorted(map(repr, rows)) == sorted(map(repr, others)):
                 differences.append(f"  {section}: same rows in another order")
     assert not differences, (
-        f"{what} differs from a fresh install of sql/ (until the first release, regenerate "
-        "revision 0001 with `make freeze-initial`; after it, add a revision):\n" + "\n".join(differences))
+        f"{what} differs from a fresh install of sql/ (a schema change needs a new revision: "
+        "make revision REV=... MESSAGE=...):\n" + "\n".join(differences))
 
 
 def schema_exists(dsn: str) -> bool:
