@@ -72,6 +72,22 @@ def offline_script(revision: str = "head") -> str:
     return output.getvalue()
 
 
+def upgrade_script(release: str) -> str:
+    """The SQL that takes a database installed at `release` (a version, e.g.
+    "0.1.0") to head, for psql users (`jobledger sql --upgrade-from`). It
+    refuses, changing nothing, a database at any other revision."""
+    if release not in RELEASES:
+        known = ", ".join(sorted(RELEASES))
+        raise ValueError(f"unknown release {release!r}: this package knows {known}")
+    start = RELEASES[release]
+    if start == head():
+        return f"-- pg-job-ledger {release} is at revision {start}, the newest: nothing to upgrade\n"
+    output = io.StringIO()
+    with _alembic_lock:
+        command.upgrade(config(output=output), f"{start}:head", sql=True)
+    return output.getvalue()
+
+
 def current(dsn: str) -> str | None:
     """The database's revision, or None when the ledger is not installed."""
     engine = create_engine(sqlalchemy_url(dsn), poolclass=pool.NullPool)
@@ -82,6 +98,11 @@ def current(dsn: str) -> str | None:
             return migration.get_current_revision()
     finally:
         engine.dispose()
+
+
+def revisions() -> list[str]:
+    """Every revision this package carries, oldest first: what an install applies."""
+    return [script.revision for script in reversed(list(ScriptDirectory.from_config(config()).walk_revisions()))]
 
 
 def head() -> str:

@@ -59,6 +59,28 @@ $uninstall$;
 """
 
 
+# An offline script from a revision (`jobledger sql --upgrade-from`) applies
+# only to a database at that revision: refuse any other before changing anything.
+FROM_REVISION = f"""\
+DO $from$
+DECLARE
+    v_at text;
+BEGIN
+    IF pg_catalog.to_regclass('{SCHEMA}.{VERSION_TABLE}') IS NOT NULL THEN
+        SELECT version_num INTO v_at FROM {SCHEMA}.{VERSION_TABLE};
+    END IF;
+    IF v_at IS DISTINCT FROM '%(revision)s' THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('this script upgrades a ledger at revision %(revision)s; this database is at %%s',
+                             coalesce('revision ' || v_at, 'no ledger')),
+            HINT = 'Print the script for this database''s release, or run `jobledger install --dsn ...`, '
+                   'which upgrades from any revision.';
+    END IF;
+END
+$from$;
+"""
+
+
 def run_migrations(**connection_or_dialect: Any) -> None:
     at_base_after_downgrade = False
     applied = context.config.attributes.setdefault("applied", [])  # read by ledger.migrate.upgrade
@@ -81,6 +103,8 @@ def run_migrations(**connection_or_dialect: Any) -> None:
     with context.begin_transaction():
         if not migration.opts.get("dont_mutate"):  # `alembic current` only reads
             execute_sql(migration, PREPARE)
+        if migration.as_sql and context.get_starting_revision_argument() not in (None, "base"):
+            execute_sql(migration, FROM_REVISION % {"revision": context.get_starting_revision_argument()})
         context.run_migrations()
         if at_base_after_downgrade:
             execute_sql(migration, UNINSTALL)

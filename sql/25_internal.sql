@@ -315,7 +315,7 @@ BEGIN
             -- another owner now holds live is not locked, and is a skip.
             SELECT * INTO lease FROM ledger.leases l
              WHERE l.job = _lock_lease.job
-               AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp() OR l.owner = _lock_lease.owner)
+               AND (l.released_at IS NOT NULL OR l.expires_at <= ledger._now() OR l.owner = _lock_lease.owner)
                FOR UPDATE;
             IF FOUND THEN
                 state := 'locked';
@@ -323,7 +323,7 @@ BEGIN
             END IF;
             SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job;
             IF FOUND THEN
-                IF lease.released_at IS NULL AND lease.expires_at > clock_timestamp()
+                IF lease.released_at IS NULL AND lease.expires_at > ledger._now()
                    AND lease.owner <> _lock_lease.owner THEN
                     state := 'held';
                     EXIT;
@@ -333,7 +333,7 @@ BEGIN
             INSERT INTO ledger.leases (job, owner, token, ttl, acquired_at, expires_at, timeline)
             SELECT _lock_lease.job, _lock_lease.owner, ledger._next_token(NULL, NULL, timeline),
                    ttl, now_.at, now_.at + ttl, timeline
-              FROM (SELECT clock_timestamp() AS at) now_
+              FROM (SELECT ledger._now() AS at) now_
             ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
             RETURNING * INTO lease;
             IF FOUND THEN

@@ -48,11 +48,11 @@ BEGIN
     -- fails first), and is read below without a lock.
     SELECT * INTO v_lease FROM ledger.leases l
      WHERE l.job = acquire.job
-       AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp() OR l.owner = acquire.owner)
+       AND (l.released_at IS NOT NULL OR l.expires_at <= ledger._now() OR l.owner = acquire.owner)
        FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = acquire.job;
-        IF FOUND AND v_lease.released_at IS NULL AND v_lease.expires_at > clock_timestamp()
+        IF FOUND AND v_lease.released_at IS NULL AND v_lease.expires_at > ledger._now()
            AND v_lease.owner <> owner THEN
             RETURN;  -- held: no row, no lock, nothing written
         END IF;
@@ -71,7 +71,7 @@ BEGIN
     -- Locked, and free, expired or ours: take it with a new token. The
     -- clock is read once the row is locked: a caller that waited for the
     -- previous holder must not date its lease before that holder let go.
-    v_now := clock_timestamp();
+    v_now := ledger._now();
     v_timeline := coalesce(v_timeline,
         ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer);
     UPDATE ledger.leases l SET
@@ -111,7 +111,7 @@ BEGIN
     -- lease of whoever took over. An expired lease nobody took may be renewed.
     -- The ttl exact (ledger._exact): the expiry is not the session's TimeZone's.
     UPDATE ledger.leases l
-       SET expires_at = clock_timestamp() + ledger._exact(coalesce(renew.ttl, l.ttl)),
+       SET expires_at = ledger._now() + ledger._exact(coalesce(renew.ttl, l.ttl)),
            ttl        = ledger._exact(coalesce(renew.ttl, l.ttl))
      WHERE l.job = renew.job
        AND l.owner = renew.owner
@@ -132,7 +132,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now timestamptz := clock_timestamp();
+    v_now timestamptz := ledger._now();
 BEGIN
     PERFORM ledger._check_label(job, 'job');
     PERFORM ledger._check_label(owner, 'owner');
@@ -167,7 +167,7 @@ BEGIN
          WHERE l.job = is_current.job
            AND l.token = is_current.token
            AND l.released_at IS NULL
-           AND l.expires_at > clock_timestamp());
+           AND l.expires_at > ledger._now());
 END
 $$;
 COMMENT ON FUNCTION ledger.is_current(text, bigint) IS
@@ -185,7 +185,7 @@ DECLARE
     v_lease ledger.leases;
 BEGIN
     SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = _assert_live.job;
-    IF v_lease.token = token AND v_lease.released_at IS NULL AND v_lease.expires_at > clock_timestamp() THEN
+    IF v_lease.token = token AND v_lease.released_at IS NULL AND v_lease.expires_at > ledger._now() THEN
         RETURN;
     END IF;
     PERFORM ledger._raise('LD001',

@@ -31,7 +31,7 @@ BEGIN
         SELECT * INTO v_fence FROM ledger.fences f WHERE f.resource = _checked_fence.resource FOR UPDATE;
         EXIT WHEN FOUND;
         INSERT INTO ledger.fences (resource, job, token, advanced_at)
-        VALUES (_checked_fence.resource, _checked_fence.job, _checked_fence.token, clock_timestamp())
+        VALUES (_checked_fence.resource, _checked_fence.job, _checked_fence.token, ledger._now())
         ON CONFLICT ON CONSTRAINT fences_pkey DO NOTHING;
         IF FOUND THEN
             RETURN NULL;  -- the first fenced write: the resource is the job's now
@@ -72,7 +72,7 @@ BEGIN
     ELSIF v_recorded = token THEN
         RETURN false;  -- this token already wrote
     END IF;
-    UPDATE ledger.fences f SET token = advance_fence.token, advanced_at = clock_timestamp()
+    UPDATE ledger.fences f SET token = advance_fence.token, advanced_at = ledger._now()
      WHERE f.resource = advance_fence.resource;
     RETURN true;
 END
@@ -102,7 +102,7 @@ BEGIN
         v_recorded := ledger._checked_fence(job, resource, token);  -- raises the documented error
     END IF;
     SELECT f.token, f.job,
-           coalesce(l.token = fence.token AND l.released_at IS NULL AND l.expires_at > clock_timestamp(), false)
+           coalesce(l.token = fence.token AND l.released_at IS NULL AND l.expires_at > ledger._now(), false)
       INTO v_recorded, v_bound, v_live
       FROM ledger.fences f
       LEFT JOIN ledger.leases l ON l.job = fence.job
@@ -124,7 +124,7 @@ BEGIN
     END IF;
     -- Lenient: the current holder may write many times with one token.
     IF v_recorded < token THEN
-        UPDATE ledger.fences f SET token = fence.token, advanced_at = clock_timestamp()
+        UPDATE ledger.fences f SET token = fence.token, advanced_at = ledger._now()
          WHERE f.resource = fence.resource;
     END IF;
     RETURN token;

@@ -89,11 +89,11 @@ BEGIN
     v_result.slot := slot;
     SELECT * INTO v_lease FROM ledger.leases l
      WHERE l.job = _start.job
-       AND (l.released_at IS NOT NULL OR l.expires_at <= clock_timestamp() OR l.owner = _start.owner)
+       AND (l.released_at IS NOT NULL OR l.expires_at <= ledger._now() OR l.owner = _start.owner)
        FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = _start.job;
-        IF FOUND AND v_lease.released_at IS NULL AND v_lease.expires_at > clock_timestamp()
+        IF FOUND AND v_lease.released_at IS NULL AND v_lease.expires_at > ledger._now()
            AND v_lease.owner <> owner THEN
             v_state := 'held';
         ELSE
@@ -131,7 +131,7 @@ BEGIN
     IF v_state = 'locked' THEN
         -- Read the clock once locked: a start that waited for the previous
         -- run to end must not date itself before that end.
-        v_now := clock_timestamp();
+        v_now := ledger._now();
         -- The previous run, still running while its lease expired, ended
         -- or went to another token? Its runner is gone or a zombie: close
         -- it (counted once, in ledger._close_lost).
@@ -272,7 +272,7 @@ BEGIN
         RETURN NULL;
     END IF;
 
-    v_now := clock_timestamp();
+    v_now := ledger._now();
     UPDATE ledger.leases l
        SET expires_at = v_now + ledger._exact(coalesce(heartbeat.ttl, l.ttl)),
            ttl        = ledger._exact(coalesce(heartbeat.ttl, l.ttl))
@@ -373,7 +373,7 @@ BEGIN
             status         = _end_run.status,
             failure_reason = _end_run.failure_reason,
             error          = v_error,
-            completed_at   = greatest(clock_timestamp(), r.started_at)
+            completed_at   = greatest(ledger._now(), r.started_at)
          WHERE r.run_id = _end_run.run_id AND r.token = _end_run.token
            AND r.token = v_lease.token AND r.status = 'running'
         RETURNING * INTO v_run;
@@ -419,7 +419,7 @@ BEGIN
             status         = _end_run.status,
             failure_reason = _end_run.failure_reason,
             error          = v_error,
-            completed_at   = greatest(clock_timestamp(), r.started_at),
+            completed_at   = greatest(ledger._now(), r.started_at),
             detail         = coalesce(v_detail, r.detail)
          WHERE r.run_id = v_run.run_id
         RETURNING * INTO v_run;
@@ -550,7 +550,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now    timestamptz := clock_timestamp();
+    v_now    timestamptz := ledger._now();
     v_closed bigint;
     v_jobs   text[];
 BEGIN

@@ -50,7 +50,7 @@ STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF slot > clock_timestamp() THEN
+    IF slot > ledger._now() THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('argument slot %s is in the future: job %s runs a slot once it is due', slot, job.job),
             DETAIL = jsonb_build_object('argument', 'slot', 'job', job.job, 'value', slot)::text;
@@ -93,7 +93,7 @@ BEGIN
        AND r.status = 'running'
        AND r.run_id IS DISTINCT FROM except_run_id
        AND l.released_at IS NULL
-       AND l.expires_at > clock_timestamp();
+       AND l.expires_at > ledger._now();
     RETURN greatest(v_succeeded, v_running);
 END
 $$;
@@ -239,13 +239,13 @@ BEGIN
             (SELECT max(r.slot) FROM ledger.job_execution_log r
               WHERE r.job = register_job.job AND r.status IN ('running', 'success')),
             (SELECT p.done_through FROM ledger.purged_slots p WHERE p.job = register_job.job));
-        IF v_ahead > clock_timestamp() THEN
+        IF v_ahead > ledger._now() THEN
             RAISE EXCEPTION USING ERRCODE = '22023',
                 MESSAGE = format('argument schedule cannot be given to job %s: its slot %s succeeded or is running, '
                                  'and is in the future, so no slot would be due before it; register the schedule '
                                  'once that slot has passed, or under another job name', job, v_ahead),
                 DETAIL = jsonb_build_object('argument', 'schedule', 'job', job, 'value', schedule,
-                                            'slot', v_ahead, 'now', clock_timestamp())::text;
+                                            'slot', v_ahead, 'now', ledger._now())::text;
         END IF;
     END IF;
 
@@ -260,7 +260,7 @@ BEGIN
         min_runtime          = v_job.min_runtime,
         max_runtime          = v_job.max_runtime,
         pause_after_failures = v_job.pause_after_failures,
-        updated_at           = CASE WHEN v_new THEN j.updated_at ELSE clock_timestamp() END
+        updated_at           = CASE WHEN v_new THEN j.updated_at ELSE ledger._now() END
      WHERE j.job = register_job.job
     RETURNING * INTO v_job;
     -- The job's first slot after its newest done one, by the schedule as it
@@ -288,9 +288,9 @@ BEGIN
     PERFORM ledger._check_label(job, 'job');
     PERFORM ledger._registered_job(job);
     UPDATE ledger.jobs j SET paused       = _set_paused.paused,
-                             paused_at    = CASE WHEN _set_paused.paused THEN clock_timestamp() END,
+                             paused_at    = CASE WHEN _set_paused.paused THEN ledger._now() END,
                              pause_reason = CASE WHEN _set_paused.paused THEN 'operator' END,
-                             updated_at   = clock_timestamp()
+                             updated_at   = ledger._now()
      WHERE j.job = _set_paused.job AND j.paused <> _set_paused.paused;
     RETURN FOUND;
 END
@@ -338,7 +338,7 @@ BEGIN
     IF v_job.paused THEN
         RETURN;
     END IF;
-    RETURN QUERY SELECT unnest(ledger._due(v_job, coalesce(at, clock_timestamp()),
+    RETURN QUERY SELECT unnest(ledger._due(v_job, coalesce(at, ledger._now()),
                                           ledger._newest_done_slot(job)));
 END
 $$;
@@ -386,7 +386,7 @@ BEGIN
         RETURN v_result;
     END IF;
 
-    v_due := ledger._due(v_job, clock_timestamp(), ledger._newest_done_slot(job));
+    v_due := ledger._due(v_job, ledger._now(), ledger._newest_done_slot(job));
     IF cardinality(v_due) = 0 THEN
         v_result.outcome := 'nothing_due';
         RETURN v_result;
@@ -531,7 +531,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument older_than must not be null';
     END IF;
     PERFORM ledger._check_duration(older_than, 'older_than', ledger._max_older_than());
-    RETURN clock_timestamp() - ledger._exact(older_than);
+    RETURN ledger._now() - ledger._exact(older_than);
 END
 $$;
 

@@ -227,7 +227,7 @@ BEGIN
     RETURN QUERY
         SELECT p.slot, p.local_time, p.utc_offset, p.dst_change
           FROM ledger._preview(v_job.schedule_spec, v_job.time_zone, count,
-                               coalesce(after, clock_timestamp())) AS p;
+                               coalesce(after, ledger._now())) AS p;
 END
 $$;
 COMMENT ON FUNCTION ledger.next_slots(text, integer, timestamptz) IS
@@ -250,7 +250,7 @@ BEGIN
     PERFORM ledger._check_instant(after, 'after');
     RETURN QUERY
         SELECT p.slot, p.local_time, p.utc_offset, p.dst_change
-          FROM ledger._preview(v_spec, time_zone, count, coalesce(after, clock_timestamp())) AS p;
+          FROM ledger._preview(v_spec, time_zone, count, coalesce(after, ledger._now())) AS p;
 END
 $$;
 COMMENT ON FUNCTION ledger.preview_slots(text, text, integer, timestamptz) IS

@@ -33,7 +33,7 @@ BEGIN
     SELECT * INTO v_running FROM ledger.job_execution_log r
      WHERE r.job = unregister_job.job AND r.status = 'running';
     IF FOUND AND v_lease.token = v_running.token AND v_lease.released_at IS NULL
-       AND v_lease.expires_at > clock_timestamp() THEN
+       AND v_lease.expires_at > ledger._now() THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('argument job names %s, whose run %s is live: cancel it (ledger.request_cancel) or '
                              'force-release its lease (ledger.force_release) first', job, v_running.run_id),
@@ -85,7 +85,7 @@ BEGIN
         END IF;
         RETURN NULL;
     END IF;
-    v_now := clock_timestamp();
+    v_now := ledger._now();
     v_timeline := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer;
     UPDATE ledger.leases l SET
         token       = ledger._next_token(l.token, l.timeline, v_timeline),
@@ -133,7 +133,7 @@ BEGIN
     IF v_run.status <> 'running' THEN
         PERFORM ledger._raise_not_running(v_run);
     END IF;
-    UPDATE ledger.job_execution_log r SET cancel_requested_at = clock_timestamp()
+    UPDATE ledger.job_execution_log r SET cancel_requested_at = ledger._now()
      WHERE r.run_id = request_cancel.run_id AND r.cancel_requested_at IS NULL;
     RETURN FOUND;
 END
@@ -194,7 +194,7 @@ BEGIN
         v_result.outcome := 'paused';
         RETURN v_result;
     END IF;
-    v_upto := least(to_slot, clock_timestamp());
+    v_upto := least(to_slot, ledger._now());
     v_slot := ledger._slot_after(v_job.schedule_spec, v_job.time_zone, from_slot - interval '1 microsecond');
     WHILE v_slot IS NOT NULL AND v_slot <= v_upto LOOP
         IF NOT ledger._already_done(job, v_slot, NULL) THEN

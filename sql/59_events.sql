@@ -186,7 +186,7 @@ BEGIN
             WHERE l.event_id IN (
                   SELECT o.event_id
                     FROM (SELECT x.event_id, x.at FROM ledger.events x ORDER BY x.event_id LIMIT batch) o
-                   WHERE o.at < clock_timestamp() - v_settings.retention
+                   WHERE o.at < ledger._now() - v_settings.retention
                       OR o.event_id <= v_newest - v_settings.max_events)
               FOR UPDATE SKIP LOCKED);
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
@@ -248,7 +248,7 @@ BEGIN
             notify     = coalesce(configure_events.notify, s.notify),
             retention  = coalesce(ledger._exact(configure_events.retention), s.retention),
             max_events = coalesce(configure_events.max_events, s.max_events),
-            updated_at = clock_timestamp();
+            updated_at = ledger._now();
     END IF;
     SELECT * INTO v_settings FROM ledger.event_settings;
     FOR v_trigger IN
@@ -318,7 +318,7 @@ BEGIN
     RETURN QUERY
     WITH now_open AS MATERIALIZED (
         SELECT DISTINCT ON (a.job, a.alert, k.run_key)
-               a.job, a.alert, k.run_key, a.run_id, a.message, coalesce(a.since, now()) AS since
+               a.job, a.alert, k.run_key, a.run_id, a.message, coalesce(a.since, ledger._view_now()) AS since
           FROM ledger.alerts a
          CROSS JOIN LATERAL (SELECT CASE WHEN a.alert IN ('overlap', 'long_running', 'overrun')
                                          THEN coalesce(a.run_id, 0) ELSE 0 END AS run_key) k

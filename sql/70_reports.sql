@@ -76,7 +76,7 @@ SELECT k.job,
        coalesce(j.ttl, l.ttl)                               AS ttl,
        j.max_backfill,
        coalesce(j.paused, false)                            AS paused,
-       CASE WHEN l.released_at IS NULL AND l.expires_at > now() THEN l.owner END AS holder,
+       CASE WHEN l.released_at IS NULL AND l.expires_at > ledger._view_now() THEN l.owner END AS holder,
        l.token,
        l.expires_at                                         AS lease_expires_at,
        c.last_run_id                                        AS last_run_id,
@@ -85,22 +85,22 @@ SELECT k.job,
        c.last_completed_at                                  AS last_completed_at,
        c.last_success_at                                    AS last_success_at,
        c.running_run_id                                     AS running_run_id,
-       now() - c.running_started_at                         AS running_for,
+       ledger._view_now() - c.running_started_at                         AS running_for,
        -- next_due still ahead: no slot since done_slot, so it is the next
        -- (no schedule evaluation for a job that keeps up)
        CASE WHEN j.schedule IS NOT NULL AND NOT j.paused
-            THEN CASE WHEN c.next_due > now() THEN c.next_due
-                      ELSE ledger._slot_after(j.schedule_spec, j.time_zone, now()) END END AS next_slot,
+            THEN CASE WHEN c.next_due > ledger._view_now() THEN c.next_due
+                      ELSE ledger._slot_after(j.schedule_spec, j.time_zone, ledger._view_now()) END END AS next_slot,
        -- Overdue: a slot at least one ttl old (5 minutes without a ttl) has
        -- not succeeded and no live run is on it (a run whose lease expired
        -- is a crash, not progress). A job that never ran counts from its
        -- registration.
        coalesce(j.schedule IS NOT NULL AND NOT j.paused
                 AND NOT (c.running_run_id IS NOT NULL AND l.token = c.running_token
-                         AND l.released_at IS NULL AND l.expires_at > now())
-                AND NOT coalesce(c.next_due > now() - coalesce(j.ttl, l.ttl, interval '5 minutes'), false)
+                         AND l.released_at IS NULL AND l.expires_at > ledger._view_now())
+                AND NOT coalesce(c.next_due > ledger._view_now() - coalesce(j.ttl, l.ttl, interval '5 minutes'), false)
                 AND ledger._slot_at_or_before(j.schedule_spec, j.time_zone,
-                                              now() - coalesce(j.ttl, l.ttl, interval '5 minutes'))
+                                              ledger._view_now() - coalesce(j.ttl, l.ttl, interval '5 minutes'))
                     > coalesce(c.done_slot, j.created_at), false) AS overdue,
        coalesce(c.consecutive_failures, 0)                  AS consecutive_failures,
        -- A job known only by its lease has no counters row: zeros, not NULLs.
@@ -149,7 +149,7 @@ WITH known AS (
            c.running_started_at, coalesce(c.runs_started, 0) AS runs_started, c.last_completed_at,
            c.next_due,
            (c.running_run_id IS NOT NULL AND l.token = c.running_token
-            AND l.released_at IS NULL AND l.expires_at > now()) AS live,
+            AND l.released_at IS NULL AND l.expires_at > ledger._view_now()) AS live,
            -- missed slots lie in (done, upto]
            coalesce(c.done_slot, j.created_at) AS done
       FROM known k
@@ -159,25 +159,25 @@ WITH known AS (
 ), counted AS (
     SELECT b.*,
            CASE WHEN b.schedule IS NULL THEN NULL
-                WHEN now() - b.grace <= b.done OR b.next_due > now() - b.grace THEN 0::bigint
+                WHEN ledger._view_now() - b.grace <= b.done OR b.next_due > ledger._view_now() - b.grace THEN 0::bigint
                 WHEN (b.schedule_spec).kind = 'interval'
-                THEN ledger._slot_count(b.schedule_spec, b.time_zone, b.done, now() - b.grace)
+                THEN ledger._slot_count(b.schedule_spec, b.time_zone, b.done, ledger._view_now() - b.grace)
                 ELSE ledger._slot_count(b.schedule_spec, b.time_zone,
-                                        greatest(b.done, now() - b.grace - ledger._missed_horizon()),
-                                        now() - b.grace) END AS missed_slots,
+                                        greatest(b.done, ledger._view_now() - b.grace - ledger._missed_horizon()),
+                                        ledger._view_now() - b.grace) END AS missed_slots,
            b.schedule IS NOT NULL AND (b.schedule_spec).kind <> 'interval'
-               AND b.done < now() - b.grace - ledger._missed_horizon() AS missed_slots_capped
+               AND b.done < ledger._view_now() - b.grace - ledger._missed_horizon() AS missed_slots_capped
       FROM base b
 ), judged AS (
     SELECT c.*,
            CASE
                WHEN c.paused THEN 'paused'
-               WHEN c.live AND c.max_runtime IS NOT NULL AND now() - c.running_started_at > c.max_runtime
+               WHEN c.live AND c.max_runtime IS NOT NULL AND ledger._view_now() - c.running_started_at > c.max_runtime
                THEN 'overrun'
                WHEN c.live THEN 'running'
                WHEN c.missed_slots >= ledger._down_after_slots()
                     OR (c.down_after IS NOT NULL
-                        AND now() - coalesce(c.last_success_at, c.created_at) > c.down_after) THEN 'down'
+                        AND ledger._view_now() - coalesce(c.last_success_at, c.created_at) > c.down_after) THEN 'down'
                WHEN c.missed_slots >= 1 THEN 'late'
                WHEN c.consecutive_failures >= 1 THEN 'failing'
                WHEN c.runs_started = 0 THEN 'never_run'
@@ -203,7 +203,7 @@ SELECT j.job,
                     THEN ledger._slot_after(j.schedule_spec, j.time_zone,
                              ledger._slot_after(j.schedule_spec, j.time_zone,
                                  j.first_missed)) + j.grace END,
-               CASE WHEN now() - coalesce(j.last_success_at, j.created_at) > j.down_after
+               CASE WHEN ledger._view_now() - coalesce(j.last_success_at, j.created_at) > j.down_after
                     THEN coalesce(j.last_success_at, j.created_at) + j.down_after END)
            WHEN 'late' THEN j.first_missed + j.grace
            WHEN 'failing' THEN coalesce(j.last_success_at, j.created_at)
@@ -218,7 +218,7 @@ SELECT j.job,
                                                                    ELSE 's' END)
                                   ELSE 'paused by an operator' END
            WHEN 'overrun' THEN format('running for %s, over its max_runtime %s',
-                                      date_trunc('second', now() - j.running_started_at), j.max_runtime)
+                                      date_trunc('second', ledger._view_now() - j.running_started_at), j.max_runtime)
            WHEN 'running' THEN format('run %s running', j.running_run_id)
            WHEN 'down' THEN CASE WHEN j.missed_slots >= ledger._down_after_slots()
                                  THEN format('%s%s slots missed since the last success',
@@ -226,7 +226,7 @@ SELECT j.job,
                                              j.missed_slots)
                                  ELSE format('no success for over %s', j.down_after) END
            WHEN 'late' THEN format('a slot due %s ago was not started within %s',
-                                   date_trunc('second', now() - j.first_missed),
+                                   date_trunc('second', ledger._view_now() - j.first_missed),
                                    j.grace)
            WHEN 'failing' THEN format('%s failure%s in a row', j.consecutive_failures,
                                       CASE WHEN j.consecutive_failures = 1 THEN '' ELSE 's' END)
@@ -235,7 +235,7 @@ SELECT j.job,
        END                                                   AS reason,
        j.pause_reason,
        j.last_success_at,
-       now() - j.last_success_at                             AS last_success_age,
+       ledger._view_now() - j.last_success_at                             AS last_success_age,
        j.last_success_at - j.last_success_started_at         AS last_success_duration,
        j.missed_slots,
        j.missed_slots_capped,
@@ -246,7 +246,7 @@ SELECT j.job,
        j.pause_after_failures,
        coalesce(j.consecutive_failures, 0)                   AS consecutive_failures,
        CASE WHEN j.live THEN j.running_run_id END            AS running_run_id,
-       CASE WHEN j.live THEN now() - j.running_started_at END AS running_for
+       CASE WHEN j.live THEN ledger._view_now() - j.running_started_at END AS running_for
   FROM dated j;
 COMMENT ON VIEW ledger.job_health IS
     'One health state per known job (paused, overrun, running, down, late, failing, never_run, ok), since when, why';
@@ -270,7 +270,7 @@ WITH s AS MATERIALIZED (
 SELECT 'long_running'::text AS alert, s.job, s.running_run_id AS run_id,
        format('running for %s, over twice its longest successful run (%s)',
               date_trunc('second', s.running_for), date_trunc('second', c.longest_success)) AS message,
-       now() - s.running_for AS since
+       ledger._view_now() - s.running_for AS since
   FROM s JOIN ledger.counters c USING (job)
  WHERE s.running_run_id IS NOT NULL AND s.running_for > c.longest_success * 2
 UNION ALL
@@ -294,7 +294,7 @@ SELECT 'too_fast', c.job, NULL,
 UNION ALL
 SELECT 'overdue', s.job, NULL,
        format('a slot is more than one ttl old and has not succeeded, with no live run on it; next slot %s',
-              ledger._slot_after(j.schedule_spec, j.time_zone, now())),
+              ledger._slot_after(j.schedule_spec, j.time_zone, ledger._view_now())),
        NULL
   FROM s JOIN ledger.jobs j ON j.job = s.job
  WHERE s.overdue

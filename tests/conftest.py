@@ -19,6 +19,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -161,3 +162,31 @@ def connect(dsn: str) -> Iterator[Callable[..., psycopg.Connection]]:
 def db(connect: Callable[..., psycopg.Connection]) -> psycopg.Connection:
     """An autocommit connection to a fresh ledger database."""
     return connect()
+
+
+class LedgerClock:
+    """The ledger's clock seam (sql/12_clock.sql), moved as the database's owner.
+
+    advance() redefines ledger._clock_offset(): every lease, slot and health
+    bound of that database sees the time move at once, without sleeping it
+    out. The Python client's own deadlines (time.monotonic) do not move.
+    """
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self._conn = conn
+        self.offset = timedelta(0)
+
+    def advance(self, by: timedelta) -> None:
+        assert by > timedelta(0), "the ledger's clock only moves forward"
+        self.offset += by
+        # The offset as a literal: a function body takes no parameters.
+        seconds = f"{self.offset.total_seconds():.6f}"
+        self._conn.execute(
+            "CREATE OR REPLACE FUNCTION ledger._clock_offset() RETURNS interval LANGUAGE sql STABLE "
+            f"PARALLEL SAFE AS $$ SELECT interval '{seconds} seconds' $$")  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def ledger_clock(connect: Callable[..., psycopg.Connection]) -> LedgerClock:
+    """Move the test database's ledger clock forward: `ledger_clock.advance(timedelta(hours=1))`."""
+    return LedgerClock(connect())

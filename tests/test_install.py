@@ -71,7 +71,7 @@ def test_a_database_owner_without_createrole_installs_when_the_roles_exist(owner
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
                             ).fetchone()[0] is False
-    assert migrate.upgrade(dsn) == [migrate.head()]
+    assert migrate.upgrade(dsn) == migrate.revisions()
     assert _owned_by_ledger_owner(dsn)
     _works(dsn)
 
@@ -149,18 +149,18 @@ def test_createrole_owner_superuser_and_two_databases_on_a_fresh_cluster(cluster
     assert not schema_exists(plain)
 
     # A CREATEROLE owner creates the three roles and grants itself the owner.
-    assert migrate.upgrade(maker) == [migrate.head()]
+    assert migrate.upgrade(maker) == migrate.revisions()
     assert _owned_by_ledger_owner(maker)
     _works(maker)
 
     # Now that the roles exist, the plain owner needs only the administrator's grant.
     with server.connect() as conn:
         conn.execute("GRANT ledger_owner TO plain")
-    assert migrate.upgrade(plain) == [migrate.head()]
+    assert migrate.upgrade(plain) == migrate.revisions()
     _works(plain)
 
     # A superuser, in a third database of the same cluster.
-    assert migrate.upgrade(superuser_second) == [migrate.head()]
+    assert migrate.upgrade(superuser_second) == migrate.revisions()
     _works(superuser_second)
 
     # Uninstalling one database leaves the roles the others use.

@@ -100,7 +100,7 @@ def test_fresh_install_online_upgrade_and_offline_script_give_the_same_catalog(n
     fresh, online, offline = new_database(), new_database(), new_database()
     (tmp_path / "install.sql").write_text(migrate.install_script())
     psql(fresh, "-f", str(tmp_path / "install.sql"))
-    assert migrate.upgrade(online) == [migrate.head()]
+    assert migrate.upgrade(online) == migrate.revisions()
     (tmp_path / "offline.sql").write_text(migrate.offline_script())
     psql(offline, "-f", str(tmp_path / "offline.sql"))
 
@@ -183,7 +183,7 @@ def test_downgrade_base_removes_schema_and_version_table_but_keeps_roles_in_use(
     with psycopg.connect(dsn) as conn:  # the session's template database still uses them
         roles = conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE 'ledger%' ORDER BY 1").fetchall()
     assert roles == [("ledger_client",), ("ledger_owner",), ("ledger_reader",)]
-    assert migrate.upgrade(dsn) == [migrate.head()]  # and it installs again
+    assert migrate.upgrade(dsn) == migrate.revisions()  # and it installs again
     assert schema_exists(dsn)
 
 
@@ -211,7 +211,7 @@ def test_concurrent_installs_wait_for_each_other_and_the_second_does_no_harm(new
     assert [p.returncode for p in installs] == [0, 0], outputs
     head = migrate.head()
     assert sorted(out.strip() for out, _ in outputs) == [
-        f"ledger at revision {head}: already current", f"ledger at revision {head}: applied {head}"]
+        f"ledger at revision {head}: already current", f"ledger at revision {head}: applied {', '.join(migrate.revisions())}"]
     assert migrate.current(dsn) == head
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("SELECT token FROM ledger.acquire('nightly', 'host-1', '1 hour')").fetchone() == (1,)

@@ -61,13 +61,19 @@ def test_a_client_role_cannot_call_internal_helpers_that_touch_tables(db, app_ro
             db.execute(f"SELECT {call}")
 
 
-def test_only_pure_immutable_helpers_are_granted_to_the_roles(db):
+# The clock (12_clock.sql): read by the views as whoever reads them, so
+# granted though not IMMUTABLE; inlined LANGUAGE sql, so no SET clause (their
+# bodies are qualified down to the operator). Redefining them is the owner's.
+CLOCK = [("_clock_offset", "sql", "s", False), ("_now", "sql", "v", False), ("_view_now", "sql", "s", False)]
+
+
+def test_only_pure_immutable_helpers_and_the_clock_are_granted_to_the_roles(db):
     granted = db.execute("""
-        SELECT p.oid::regprocedure::text FROM pg_proc p
+        SELECT p.proname::text FROM pg_proc p
          WHERE p.pronamespace = 'ledger'::regnamespace AND p.proname LIKE E'\\\\_%'
            AND has_function_privilege('ledger_reader', p.oid, 'EXECUTE')
-           AND p.provolatile <> 'i'""").fetchall()
-    assert granted == []
+           AND p.provolatile <> 'i' ORDER BY 1""").fetchall()
+    assert granted == [(name,) for name, *_ in CLOCK]
 
 
 def test_the_reader_role_reads_but_cannot_call_the_api(db):
@@ -106,10 +112,12 @@ def test_every_public_function_is_security_definer_with_a_fixed_search_path(db):
                     AND p.prolang = (SELECT l.oid FROM pg_language l WHERE l.lanname = 'sql'))
            AND NOT (p.proname = ANY (%(procedures)s) AND p.prokind = 'p'
                     AND NOT p.prosecdef AND p.proconfig IS NULL)
+           AND NOT (p.proname = ANY (%(clock)s) AND NOT p.prosecdef AND p.proconfig IS NULL
+                    AND p.prolang = (SELECT l.oid FROM pg_language l WHERE l.lanname = 'sql'))
            AND (NOT p.prosecdef AND p.proname NOT LIKE E'\\\\_%%'
                 OR p.proconfig IS NULL
                 OR NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig))""",
-        {"procedures": list(COMMITTING_PROCEDURES)}).fetchall()
+        {"procedures": list(COMMITTING_PROCEDURES), "clock": [name for name, *_ in CLOCK]}).fetchall()
     assert bad == []
 
 
@@ -128,7 +136,7 @@ def test_only_the_pure_inlined_bounds_go_without_a_fixed_search_path(db):
          WHERE p.pronamespace = 'ledger'::regnamespace AND p.proconfig IS NULL
            AND NOT (p.proname = ANY (%(procedures)s) AND p.prokind = 'p') ORDER BY 1""",
         {"procedures": list(COMMITTING_PROCEDURES)}).fetchall()
-    assert inlined == [(name, "sql", "i", False) for name in INLINED]
+    assert inlined == sorted([(name, "sql", "i", False) for name in INLINED] + CLOCK)
 
 
 def test_everything_in_the_schema_belongs_to_the_nologin_ledger_owner_not_the_installer(db):

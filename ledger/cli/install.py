@@ -44,11 +44,54 @@ def uninstall(dsn: str, yes: bool) -> None:
 
 
 @click.command()
-def sql() -> None:
-    """Print the install script, for `psql -v ON_ERROR_STOP=1 -f -`."""
+@dsn_option
+@click.option("--to", "release", metavar="VERSION", required=True,
+              help="The release to go back to, e.g. 0.1.0.")
+@click.option("--yes", is_flag=True, help="Confirm: what came after that release goes away.")
+def downgrade(dsn: str, release: str, yes: bool) -> None:
+    """Take the ledger back to an earlier release's schema (the history stays).
+
+    Each revision's downgrade restores the functions and views as they were;
+    clients of the newer version then get the older behaviour. Going below
+    the first release is `jobledger uninstall`.
+    """
     from ledger import migrate
 
-    click.echo(migrate.install_script(), nl=False)
+    revision = migrate.RELEASES.get(release)
+    if revision is None:
+        known = ", ".join(sorted(migrate.RELEASES))
+        raise click.BadParameter(f"unknown release {release!r}: this package knows {known}", param_hint="--to")
+    if not yes:
+        raise click.UsageError(f"downgrade takes the ledger back to {release}'s schema: add --yes to confirm")
+    at = migrate.current(dsn)
+    if at is None:
+        raise click.ClickException("no ledger is installed here: nothing to downgrade")
+    if at <= revision:
+        click.echo(f"ledger at revision {at}: already at or below {release} (revision {revision})")
+        return
+    migrate.downgrade(dsn, revision)
+    click.echo(f"ledger at revision {revision} ({release}): was {at}")
+
+
+@click.command()
+@click.option("--upgrade-from", "release", metavar="VERSION",
+              help="Print instead the upgrade from that release (e.g. 0.1.0) to this version.")
+def sql(release: str | None) -> None:
+    """Print the install script, for `psql -v ON_ERROR_STOP=1 -f -`.
+
+    With --upgrade-from, the upgrade script of a database installed at that
+    release: one transaction, refused (nothing changed) by a database at any
+    other revision. `jobledger install` upgrades online from any revision.
+    """
+    from ledger import migrate
+
+    if release is None:
+        click.echo(migrate.install_script(), nl=False)
+        return
+    try:
+        click.echo(migrate.upgrade_script(release), nl=False)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--upgrade-from") from None
 
 
 @click.command()
@@ -63,4 +106,4 @@ def where(ctx: click.Context, dsn: str, show_password: bool) -> None:
                err=True)
 
 
-COMMANDS = (install, uninstall, sql, where)
+COMMANDS = (install, downgrade, uninstall, sql, where)
