@@ -95,3 +95,4 @@ clean:
 	rm -rf $(VENV) build dist *.egg-info
 
 -include Makefile.migrations
+-include Makefile.package
