@@ -22,7 +22,7 @@ help:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml ledger/__init__.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,embedded]'
@@ -95,3 +95,4 @@ clean:
 	rm -rf $(VENV) build dist *.egg-info
 
 -include Makefile.migrations
+-include Makefile.package
