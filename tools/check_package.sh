@@ -152,7 +152,8 @@ need(wheel_names, [f"ledger/_migrations/versions/{name}" for name in versions], 
 need(wheel_names, ["ledger/_migrations/env.py", "ledger/_migrations/script.py.mako", "ledger/py.typed",
                    "ledger/__init__.py", "ledger/cli/__init__.py", "ledger/resources.py",
                    "ledger/monitoring/alert-rules.yml", "ledger/monitoring/grafana-dashboard.json",
-                   f"pg_job_ledger-{version}.dist-info/entry_points.txt"], "the wheel")
+                   f"pg_job_ledger-{version}.dist-info/entry_points.txt",
+                   f"pg_job_ledger-{version}.dist-info/licenses/LICENSE"], "the wheel")
 for folder in ("templates", "static"):
     shipped = sorted(p.name for p in (root / "ledger" / "web" / folder).iterdir() if p.is_file())
     if not shipped:
@@ -169,7 +170,7 @@ if "jobledger = ledger.cli:main" not in entry_points:
 
 top = f"pg_job_ledger-{version}/"
 sdist_names = {n[len(top):] for n in tarfile.open(sdist).getnames() if n.startswith(top)}
-need(sdist_names, ["pyproject.toml", "README.md", "PKG-INFO", "ledger/__init__.py", "ledger/py.typed",
+need(sdist_names, ["pyproject.toml", "README.md", "LICENSE", "PKG-INFO", "ledger/__init__.py", "ledger/py.typed",
                    "ledger/web/templates/base.html", "ledger/web/static/style.css",
                    "ledger/monitoring/alert-rules.yml", "migrations/env.py"], "the sdist")
 need(sdist_names, [f"sql/{name}" for name in sql], "the sdist")
