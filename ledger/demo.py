@@ -52,7 +52,7 @@ from ledger.durations import format_duration
 from ledger.errors import LedgerError
 from ledger.models import Run, RunStart
 
-DEMO_DATABASE = "jobledger_demo"
+DEMO_DATABASE = embedded.DEMO_DATABASE
 REAL_PERIOD = timedelta(minutes=45)
 PERIOD = 1.2  # seconds per slot at speed 1
 TTL = 0.9

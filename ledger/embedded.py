@@ -30,6 +30,8 @@ from ledger import queries
 
 HOME_ENV = "LEDGER_HOME"
 DATABASE = "jobledger"
+# `jobledger demo` makes it afresh on each run and leaves it there, for `jobledger web --demo`.
+DEMO_DATABASE = "jobledger_demo"
 # libpq variables that name a server or a database: any of them means "not embedded".
 PG_VARIABLES = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE")
 
@@ -107,6 +109,18 @@ def embedded_dsn(data_dir: Path, database: str = DATABASE) -> str:
     dsn = with_database(base, database)
     ensure_installed(dsn)
     return dsn
+
+
+def demo_dsn(data_dir: Path) -> str:
+    """The DSN of the demo's ledger on the embedded server, which this process starts or joins and
+    so keeps up until it exits. EmbeddedUnavailable when no demo has run on ``data_dir`` yet."""
+    base = _server(data_dir).get_uri()
+    with psycopg.connect(with_database(base, "postgres"), autocommit=True) as conn:
+        found = conn.execute(queries.DATABASE_EXISTS, {"database": DEMO_DATABASE}).fetchone() is not None
+    if not found:
+        raise EmbeddedUnavailable(f"no demo ledger on the embedded PostgreSQL in {data_dir}: "
+                                  "run `jobledger demo` first")
+    return with_database(base, DEMO_DATABASE)
 
 
 def with_database(dsn: str, database: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 JOBLEDGER = [sys.executable, "-m", "ledger"]
 PG_VARIABLES = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE", "PGPASSWORD")
@@ -25,6 +27,22 @@ def environment(dsn: str | None = None, **extra: str) -> dict[str, str]:
         env["LEDGER_DSN"] = dsn
     env.update(extra)
     return env
+
+
+def pg_variables(dsn: str) -> dict[str, str]:
+    """The PG* variables naming ``dsn``'s server, database and user: how a reader's shell reaches the ledger."""
+    names = {"host": "PGHOST", "port": "PGPORT", "user": "PGUSER", "dbname": "PGDATABASE", "password": "PGPASSWORD"}
+    return {names[key]: str(value) for key, value in conninfo_to_dict(dsn).items() if key in names and value}
+
+
+def jobledger_on_path(directory: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with a `jobledger` first on PATH that runs this checkout's (``python -m ledger``), so that
+    a shell block of the docs runs as written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shim = directory / "jobledger"
+    shim.write_text(f'#!/bin/sh\nexec {shlex.join(JOBLEDGER)} "$@"\n')
+    shim.chmod(0o755)
+    return {**env, "PATH": f"{directory}{os.pathsep}{env.get('PATH', os.defpath)}"}
 
 
 def jobledger(*args: str, dsn: str | None = None, env: Mapping[str, str] | None = None,

@@ -24,7 +24,10 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +35,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from clihelp import JOBLEDGER, environment, runs_of
+from clihelp import JOBLEDGER, environment, jobledger_on_path, runs_of, wait_for
 
 from ledger.resources import sql_files
 
@@ -214,9 +217,7 @@ def check_python_page(db: psycopg.Connection) -> None:
     assert fences.get("inventory") == "inventory-sync"
 
 
-SETUP: dict[str, str] = {
-    "README.md": "CREATE TABLE reports (day date, total integer)",
-}
+SETUP: dict[str, str] = {}  # README.md's first SQL block makes its own table
 CHECKS: dict[str, Callable[[psycopg.Connection], None]] = {
     "README.md": check_readme,
     "docs/python.md": check_python_page,
@@ -269,3 +270,60 @@ def test_the_readme_command_line_example_runs(dsn, db, tmp_path):
     assert (tmp_path / "ran.txt").read_text() == "ran\n"
     assert [run["status"] for run in runs_of(db, "nightly-report")] == ["success"]
     assert "nightly-report" in outputs[-1]  # jobledger status lists the job
+
+
+def _page(url: str) -> str | None:
+    """The page's text once the dashboard answers it; None while it does not yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.read().decode() if response.status == 200 else None
+    except (urllib.error.URLError, ConnectionError):
+        return None
+
+
+def test_the_dashboard_page_shows_the_demo_ledger_as_written(tmp_path):
+    """docs/dashboard.md's demo recipe, on an embedded server of its own (no DSN, no PG* variables, a
+    fresh LEDGER_HOME): the demo, then the dashboard on its ledger, the server up until it stops."""
+    [block] = [b for b in page_blocks("docs/dashboard.md") if b.executed_by == THIS]
+    commands = [re.sub(r"\s+#.*$", "", line) for line in block.body.splitlines()
+                if line.strip() and not line.startswith("#")]
+    *before, dashboard = commands
+    assert dashboard.startswith("jobledger web"), dashboard
+    home = tmp_path / "home"
+    env = jobledger_on_path(tmp_path / "bin", environment(LEDGER_HOME=str(home)))
+    for line in before:
+        result = subprocess.run(["sh", "-e", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, (line, result.stdout, result.stderr)
+    said = tmp_path / "web.stderr"
+    with said.open("w") as stderr:
+        # The one change to the line: a free port, since 8187 may be another dashboard's on this machine.
+        web = subprocess.Popen(["sh", "-c", f"exec {dashboard} --port 0"], cwd=tmp_path, env=env,
+                               stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        def serving() -> re.Match[str] | None:
+            assert web.poll() is None, f"{dashboard} exited {web.returncode}: {said.read_text()}"
+            return re.search(r"serving the dashboard on (http://\S+?)/,", said.read_text())
+
+        found = wait_for(serving, timeout=120, what="the dashboard to listen")
+        assert isinstance(found, re.Match)
+        jobs = str(wait_for(lambda: _page(f"{found.group(1)}/"), timeout=120, what="the jobs page"))
+        assert "publish" in jobs and "nightly-report" in jobs  # the demo's two jobs
+        assert (home / "pgdata" / "postmaster.pid").exists()  # the dashboard holds the embedded server up
+    finally:
+        web.send_signal(signal.SIGTERM)
+        web.wait(timeout=60)
+    assert web.returncode == 0, said.read_text()
+    assert not (home / "pgdata" / "postmaster.pid").exists()  # stopped with the last jobledger process
+
+
+def test_the_design_notes_tell_re_registering_as_the_contract_does():
+    """docs/design.md said a re-register replaces the definition well after the contract made it
+    change only the options given (the behaviour: tests/test_health.py)."""
+    contract = (ROOT / "docs" / "contract.md").read_text()
+    entry = contract.split("- `ledger.register_job(", 1)[1].split("\n- `", 1)[0]
+    assert "change the options given" in entry
+    [row] = [line for line in (ROOT / "docs" / "design.md").read_text().splitlines()
+             if line.startswith("| `register_job` on an existing job |")]
+    assert "changes only the options given" in row, row
+    assert "replaces the definition" not in row, row

@@ -81,7 +81,7 @@ def _env(dsn: str, style: str) -> dict[str, str]:
 @pytest.fixture
 def node(node_example: Path, dsn: str, db: psycopg.Connection) -> Run:
     """Run `node run.mjs ARGS...` on the test database; its one JSON line."""
-    db.execute("CREATE TABLE reports (token bigint, written_by text)")
+    db.execute("CREATE TABLE fenced_writes (token bigint, written_by text)")
     assert NODE is not None
 
     def _run(*args: str, style: str = "uri") -> dict[str, Any]:
@@ -103,8 +103,8 @@ def _start(db: psycopg.Connection, job: str, owner: str, ttl: str) -> tuple[Any,
     return tuple(row)
 
 
-def _reports(db: psycopg.Connection) -> list[tuple[Any, ...]]:
-    return db.execute("SELECT token, written_by FROM reports ORDER BY token").fetchall()
+def _writes(db: psycopg.Connection) -> list[tuple[Any, ...]]:
+    return db.execute("SELECT token, written_by FROM fenced_writes ORDER BY token").fetchall()
 
 
 def test_a_run_heartbeats_writes_through_the_fence_and_completes(node, db):
@@ -114,13 +114,13 @@ def test_a_run_heartbeats_writes_through_the_fence_and_completes(node, db):
     assert out["token"] == "1" and out["run_id"] is not None  # bigints printed as strings
     assert out["wrote"] is True and out["heartbeats"] >= 2
 
-    assert _reports(db) == [(1, "host-1")]
+    assert _writes(db) == [(1, "host-1")]
     run = db.execute("SELECT run_id::text, owner, token, status, failure_reason, "
                      "heartbeat_at > started_at, completed_at IS NOT NULL "
                      "FROM ledger.job_execution_log WHERE job = 'nightly'").fetchall()
     assert run == [(out["run_id"], "host-1", 1, "success", None, True, True)]
     assert db.execute("SELECT resource, job, token FROM ledger.fences").fetchall() == [
-        ("reports:nightly", "nightly", 1)]
+        ("fenced_writes:nightly", "nightly", 1)]
     assert db.execute("SELECT released_at IS NOT NULL FROM ledger.leases "
                       "WHERE job = 'nightly'").fetchone() == (True,)
 
@@ -134,7 +134,7 @@ def test_a_second_process_is_skipped_while_the_first_holds_the_lease(node, db):
     seen = datetime.fromisoformat(out["holder_expires_at"].replace("Z", "+00:00"))
     assert abs(seen - expires_at) < timedelta(milliseconds=1)
     assert out["wrote"] is False and out["token"] is None and out["error"] is None
-    assert _reports(db) == []
+    assert _writes(db) == []
     assert db.execute("SELECT skipped_overlap, failures FROM ledger.job_counters "
                       "WHERE job = 'nightly'").fetchone() == (1, 0)
 
@@ -142,7 +142,7 @@ def test_a_second_process_is_skipped_while_the_first_holds_the_lease(node, db):
     db.execute("SELECT ledger.complete_run(run_id => %s, token => %s)", (run_id, token))
     out = node("run", "nightly", "host-2")
     assert (out["outcome"], out["token"], out["wrote"]) == ("started", "2", True)
-    assert _reports(db) == [(2, "host-2")]
+    assert _writes(db) == [(2, "host-2")]
 
 
 def test_a_zombie_write_after_a_takeover_gets_ld001_and_never_commits(node, db):
@@ -165,11 +165,11 @@ def test_a_zombie_write_after_a_takeover_gets_ld001_and_never_commits(node, db):
     assert zombie["end_error"]["code"] == "LD001"
     assert zombie["end_error"]["detail"]["verdict"] == "lease_expired"
 
-    assert _reports(db) == [(2, "new-host")]  # nothing from old-host ever committed
+    assert _writes(db) == [(2, "new-host")]  # nothing from old-host ever committed
     assert db.execute("SELECT run_id, status, failure_reason FROM ledger.job_execution_log "
                       "ORDER BY run_id").fetchall() == [
         (old_run, "failure", "lease_expired"), (old_run + 1, "success", None)]
-    assert db.execute("SELECT token FROM ledger.fences WHERE resource = 'reports:nightly'").fetchone() == (2,)
+    assert db.execute("SELECT token FROM ledger.fences WHERE resource = 'fenced_writes:nightly'").fetchone() == (2,)
 
 
 def test_ld006_is_reported_with_its_json_detail_when_the_resource_is_another_jobs(node, db):
@@ -184,7 +184,7 @@ def test_ld006_is_reported_with_its_json_detail_when_the_resource_is_another_job
     assert out["error"]["code"] == "LD006"
     assert out["error"]["detail"] == {"resource": "shared", "job": "nightly", "bound_job": "other", "token": 1}
 
-    assert _reports(db) == []
+    assert _writes(db) == []
     status, reason, error = db.execute("SELECT status, failure_reason, error FROM ledger.job_execution_log "
                                        "WHERE job = 'nightly'").fetchone()
     assert (status, reason) == ("failure", "error") and error.startswith("LD006: fence of another job")
@@ -203,7 +203,7 @@ def test_bigint_tokens_compare_as_numbers_past_9(node, db):
     # Token 11 goes back through the fence as a parameter and is compared there.
     out = node("run", "nightly", "host-1")
     assert (out["token"], out["wrote"]) == ("11", True)
-    assert _reports(db) == [(11, "host-1")]
+    assert _writes(db) == [(11, "host-1")]
     assert db.execute("SELECT token FROM ledger.fences").fetchall() == [(11,)]
 
 
@@ -217,4 +217,4 @@ def test_already_done_and_paused_write_nothing(node, db):
     db.execute("SELECT ledger.pause_job(job => 'nightly')")
     paused = node("run", "nightly", "host-1")
     assert (paused["outcome"], paused["wrote"]) == ("paused", False)
-    assert _reports(db) == [(1, "host-1")]
+    assert _writes(db) == [(1, "host-1")]

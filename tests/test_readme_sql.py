@@ -3,6 +3,12 @@
 The page marks them ``<!-- executed by tests/test_readme_sql.py -->`` (the rule
 is in tests/test_docs_examples.py). The file keeps its name from when the tour
 was in the README: tests/matrix.py runs it on every PostgreSQL version.
+
+And what a reader does who pastes README.md's or docs/sql.md's SQL into psql:
+every ```sql block of the page, in order, whoever else runs it, into a fresh
+ledger database and nothing else (no table made for it), each page in its own.
+A block that cannot run so says why in a ``<!-- not executed: REASON -->``
+marker, and is left out.
 """
 
 import re
@@ -13,6 +19,7 @@ import pytest
 from test_docs_examples import page_blocks
 
 PAGE = "docs/sql.md"
+PASTED = ("README.md", PAGE)
 RUN = "A run, step by step"
 SCHEDULES = "Schedules and bounded catch-up"
 
@@ -29,7 +36,6 @@ def test_the_sql_examples_run_through_psql(dsn, db, heading):
         pytest.skip("psql is not installed")
     blocks = sql_blocks(heading)
     assert blocks, f"no sql blocks under {heading!r}"
-    db.execute("CREATE TABLE reports (day date, total integer)")
     for block in blocks:
         result = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-X", "-q", "-d", dsn, "-f", "-"],
                                 input=block, capture_output=True, text=True, timeout=60)
@@ -41,6 +47,21 @@ def test_the_sql_examples_run_through_psql(dsn, db, heading):
         assert db.execute("SELECT count(*) FROM reports").fetchone()[0] == 1
     else:
         assert db.execute("SELECT count(*) FROM ledger.job_execution_log WHERE job = 'publish'").fetchone()[0] == 1
+
+
+@pytest.mark.parametrize("page", PASTED)
+def test_every_sql_block_of_the_page_runs_pasted_in_order_into_a_fresh_ledger(dsn, db, page):
+    if shutil.which("psql") is None:
+        pytest.skip("psql is not installed")
+    blocks = [block for block in page_blocks(page) if block.lang == "sql"]
+    pasted = [block for block in blocks if block.not_executed is None]
+    assert pasted, f"{page} shows no SQL"
+    for block in pasted:
+        result = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-X", "-q", "-d", dsn, "-f", "-"],
+                                input=block.body, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"{block.where}: {result.stderr}"
+    # The first block's fenced write committed, into the table the block made itself.
+    assert db.execute("SELECT day = current_date, total, token FROM reports").fetchall() == [(True, 42, 1)]
 
 
 def fenced_transactions(heading: str) -> list[str]:
@@ -70,7 +91,6 @@ def test_the_fenced_write_of_the_page_replayed_by_a_zombie_writes_nothing(dsn, d
     """The page's transaction again, after the run ended: the fence refuses the token (LD001)."""
     if shutil.which("psql") is None:
         pytest.skip("psql is not installed")
-    db.execute("CREATE TABLE reports (day date, total integer)")
     for block in sql_blocks(RUN):
         subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-X", "-q", "-d", dsn, "-f", "-"],
                        input=block, capture_output=True, text=True, timeout=60, check=True)

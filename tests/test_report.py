@@ -16,6 +16,8 @@ import io
 import json
 import os
 import re
+import shutil
+import subprocess
 import time
 import uuid
 from datetime import timedelta
@@ -34,6 +36,7 @@ from ledger.cli import main
 from ledger.report import (
     ALLOWED_FUNCTIONS, ReportRejected, check, load_catalog, read_only_transaction, run_read_only, run_report,
 )
+from clihelp import environment, jobledger_on_path, pg_variables
 from sqlhelp import one, rows, state, value
 
 # -- a ledger with known contents, built once for the module through the SQL API --------
@@ -677,3 +680,48 @@ def test_an_allowed_function_runs_as_rendered(reader, name):
            "FROM generate_series(1, 3) AS t(x), LATERAL (SELECT 1 AS a) AS row_of")
     columns, result = run_report(reader, sql, timedelta(seconds=5))
     assert columns == ["v"] and result
+
+
+# -- the Reports section of docs/operations.md, as a reader runs it --------------------------
+
+@pytest.fixture
+def docs_login(dsn):
+    """A name of this test's own for the page's `reports` login (roles are cluster-wide), dropped at the end."""
+    name = f"ledger_docs_reports_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    yield name
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        owner.execute(f'DROP ROLE IF EXISTS "{name}"')
+
+
+def test_the_reports_section_creates_its_login_then_reports_through_it_as_written(dsn, docs_login, tmp_path):
+    """Its blocks in order, in a shell whose PG* variables name the ledger as its superuser (the
+    login a new user has, which reports refuse): the SQL through psql, the commands through sh."""
+    from test_docs_examples import page_blocks
+
+    if shutil.which("psql") is None:
+        pytest.skip("psql is not installed")
+    with psycopg.connect(dsn, autocommit=True) as owner:  # a failure for the reports to find
+        owner.execute("SELECT ledger.register_job('nightly', ttl => '10 minutes')")
+        _fail(owner, _start(owner, "nightly", "host-1"), "disk full")
+    env = jobledger_on_path(tmp_path / "bin", {**environment(), **pg_variables(dsn)})
+    blocks = [block for block in page_blocks("docs/operations.md")
+              if block.section == "Reports" and block.executed_by == "tests/test_report.py"]
+    assert any(block.lang == "sh" for block in blocks), "the section shows no jobledger report"
+    outputs = []
+    for block in blocks:
+        body = re.sub(r"\breports\b", docs_login, block.body)  # the page's login, under the test's name
+        if block.lang == "sql":
+            result = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-X", "-q", "-f", "-"], input=body,
+                                    env=env, capture_output=True, text=True, timeout=60)
+        else:
+            script = tmp_path / f"block-{block.line}.sh"
+            script.write_text(body)
+            result = subprocess.run(["sh", "-e", str(script)], env=env, cwd=tmp_path, capture_output=True,
+                                    text=True, timeout=120)
+        assert result.returncode == 0, f"{block.where}: {result.stderr}"
+        outputs.append(result.stdout)
+    assert "disk full" in outputs[-1]  # the last failures, read through the login
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        granted = owner.execute("SELECT r.rolname FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid "
+                                "JOIN pg_roles u ON u.oid = m.member WHERE u.rolname = %s", (docs_login,))
+        assert [row[0] for row in granted] == ["ledger_reader"]

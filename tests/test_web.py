@@ -433,3 +433,25 @@ def test_commands_quote_what_the_shell_would_read():
     lines = {command.action: command.command for command in commands}
     assert lines["pause"] == "jobledger pause 'it'\"'\"'s; rm -rf /'"
     assert lines["change its definition"].endswith("--schedule '0 * * * *' --tz UTC --ttl 80m --max-backfill 2")
+
+
+def test_demo_refuses_a_dsn_in_one_line():
+    result = jobledger("web", "--demo", "--port", "0", "--dsn", "host=127.0.0.1 dbname=app")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("Error: --demo shows the demo's ledger") and len(result.stderr.splitlines()) == 1
+
+
+def test_demo_refuses_the_pg_variables_whose_demo_leaves_no_ledger(tmp_path):
+    result = jobledger("web", "--demo", "--port", "0", env=environment(PGHOST="127.0.0.1",
+                                                                     LEDGER_HOME=str(tmp_path / "home")))
+    assert result.returncode == 2, result.stderr
+    assert "scratch database it drops at its end" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "home").exists()  # no embedded server started for nothing
+
+
+def test_demo_before_any_demo_says_to_run_it_first(tmp_path):
+    home = tmp_path / "home"
+    result = jobledger("web", "--demo", "--port", "0", env=environment(LEDGER_HOME=str(home)), timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().endswith("run `jobledger demo` first") and len(result.stderr.splitlines()) == 1
+    assert not (home / "pgdata" / "postmaster.pid").exists()  # the server it started is stopped again

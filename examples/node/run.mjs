@@ -8,7 +8,7 @@
 // Without LEDGER_DSN, `pg` reads PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE.
 // Each mode prints one JSON line saying what happened. `run` and `zombie`
 // write into a table the caller created:
-//   CREATE TABLE reports (token bigint, written_by text)
+//   CREATE TABLE fenced_writes (token bigint, written_by text)
 import { parseArgs } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
@@ -24,10 +24,10 @@ import pg from 'pg';
 pg.types.setTypeParser(pg.types.builtins.INT8, BigInt);
 
 const connectionString = process.env.LEDGER_DSN || undefined;
-const TABLE_INSERT = 'INSERT INTO reports (token, written_by) VALUES ($1, $2)';
+const TABLE_INSERT = 'INSERT INTO fenced_writes (token, written_by) VALUES ($1, $2)';
 // The fence's resource name. Tokens count per job, so a resource belongs to
 // the first job that fenced it (another job gets LD006): one per job.
-const resourceOf = (job) => `reports:${job}`;
+const resourceOf = (job) => `fenced_writes:${job}`;
 
 async function connect() {
   const client = new pg.Client({ connectionString, application_name: 'ledger-node-example' });

@@ -6,8 +6,9 @@ from datetime import timedelta
 
 import click
 
-from ledger.cli._options import DURATION, dsn_option
-from ledger.cli._output import say
+from ledger import embedded
+from ledger.cli._options import DURATION, dsn_source, unresolved_dsn_option
+from ledger.cli._output import OneLineUsageError, say
 
 DEFAULT_PORT = 8187
 
@@ -26,9 +27,13 @@ DEFAULT_PORT = 8187
               help="How often an open page refreshes itself.")
 @click.option("--timeout", type=DURATION, default="5s", show_default=True,
               help="statement_timeout of each read.")
-@dsn_option
-def web(host: str, port: int, token: str | None, basic_auth: str | None, refresh: int, timeout: timedelta,
-        dsn: str) -> None:
+@click.option("--demo", is_flag=True,
+              help="Show the ledger `jobledger demo` left on the embedded PostgreSQL (database "
+                   f"{embedded.DEMO_DATABASE}), and keep that server up until the dashboard stops.")
+@unresolved_dsn_option
+@click.pass_context
+def web(ctx: click.Context, host: str, port: int, token: str | None, basic_auth: str | None, refresh: int,
+        timeout: timedelta, demo: bool, dsn: str | None) -> None:
     """A read-only dashboard of the ledger: jobs, a job's runs and slots, a run, the alerts.
 
     Every page reads in one read-only transaction as ledger_reader, as
@@ -40,6 +45,8 @@ def web(host: str, port: int, token: str | None, basic_auth: str | None, refresh
     It listens on 127.0.0.1 unless --host says otherwise; another address
     shows the ledger to whoever reaches it, so it then needs --token or
     --basic-auth (the environment variables keep them out of `ps`).
+
+    After `jobledger demo`, `jobledger web --demo` shows the demo's ledger.
     """
     try:
         from ledger.web.access import Access, AccessError, check_bind
@@ -54,7 +61,8 @@ def web(host: str, port: int, token: str | None, basic_auth: str | None, refresh
         check_bind(host, access)
     except AccessError as error:
         raise click.UsageError(str(error)) from error
-    reader = Reader(dsn, timeout=timeout)
+    conninfo = _demo_dsn(ctx, dsn) if demo else embedded.resolve(dsn, dsn_source(ctx)).dsn
+    reader = Reader(conninfo, timeout=timeout)
     reader.open()  # a wrong DSN fails now, in one line, not on the first page
     try:
         sock = bind(host, port)
@@ -69,6 +77,21 @@ def web(host: str, port: int, token: str | None, basic_auth: str | None, refresh
     finally:
         reader.close()
     say("dashboard stopped")
+
+
+def _demo_dsn(ctx: click.Context, dsn: str | None) -> str:
+    """The demo's ledger. It lives on the embedded server, which stops with the last jobledger
+    process using it: this one holds it up, so no DSN printed by `jobledger where` could."""
+    if dsn is not None and dsn_source(ctx) == "option":
+        raise OneLineUsageError("--demo shows the demo's ledger on the embedded PostgreSQL: "
+                                "leave out --dsn, or leave out --demo to show the ledger at --dsn")
+    if embedded.pg_variables_set():
+        raise OneLineUsageError("with the PG* variables set, `jobledger demo` runs in a scratch database it "
+                                "drops at its end, so there is no demo ledger to show: unset them for both "
+                                "commands (the demo then keeps its ledger on the embedded PostgreSQL)")
+    if dsn is not None:
+        say("LEDGER_DSN is not used with --demo, which shows the demo's ledger on the embedded PostgreSQL")
+    return embedded.demo_dsn(embedded.home() / "pgdata")
 
 
 COMMANDS = (web,)
