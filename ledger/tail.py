@@ -7,9 +7,11 @@ uncommitted, and ``WHERE event_id > 11`` would then never return 10. So the
 cursor keeps, besides the highest id it read, the ids below it it has not
 seen (its gaps) and reads them again on every read, until the database's
 snapshot says no transaction that could have taken one is still running
-(then the gap was a rollback, or a purge). An event that commits late is
-returned late, out of id order; none is skipped. Each read is one statement
-(``queries.EVENT_TAIL_PAGE``).
+(then the gap was a rollback, or a purge), however long that takes: the
+snapshot, not an age, gives a gap up. An event that commits late is returned
+late, out of id order; none is skipped. Each read is one statement
+(``queries.EVENT_TAIL_PAGE``). What a gap costs is bounded: at most
+:data:`MAX_GAPS` ranges are waited for.
 
 The follower keeps one connection (autocommit, named ``jobledger``): it
 records the alert events each ``interval`` (``ledger.sync_alerts``, unless
@@ -50,12 +52,15 @@ A transaction takes an event's id just before it writes the row, and has a
 transaction id by then in every path but one instant (the first row a
 statement writes); a second is far beyond it."""
 
-MAX_GAP_AGE = 600.0
-"""Seconds a gap is waited for at most. A transaction that runs longer anywhere in the cluster holds
-the snapshot's horizon back; an event that commits later than this is not returned."""
+LONG_GAP_AGE = 600.0
+"""Seconds a gap is waited for before a warning says so (once, until no gap is that old). It is still
+waited for: a gap is given up only when the snapshot says no transaction that could fill it is running,
+and one that stays open (anywhere in the cluster: it holds the snapshot's xmin back) keeps it, however long."""
 
 MAX_GAPS = 1000
-"""Gaps kept at most (the oldest go first): ranges, so a purge's hole is one."""
+"""Gaps kept at most: ranges, so a purge's hole is one. Past it the oldest are given up (a warning names
+their ids): an event of theirs that commits later is not returned. A committed event fills its gap, so
+it takes a thousand rolled-back events (or purged ranges) while one transaction is held open to get there."""
 
 
 @dataclass(frozen=True)
@@ -66,9 +71,10 @@ class Gap:
     first: int
     last: int
     seen: float
-    """When the cursor first saw it (``time.time()``): it settles and is given up by this, across restarts."""
+    """When the cursor first saw it (``time.time()``): it settles by this, across restarts."""
     horizon: int | None = None
-    """The xmax of the snapshot taken once it settled (a transaction id, which outlives the process), or None."""
+    """The xmax of the snapshot taken once it settled (a transaction id, which outlives the process), or None.
+    The gap is given up once the snapshot's xmin has reached it: no transaction that could fill it runs."""
 
 
 @dataclass
@@ -107,6 +113,7 @@ class EventCursor:
         self._gaps: list[_Gap] = [_Gap(gap.first, gap.last, mono - max(wall - gap.seen, 0.0), gap.seen, gap.horizon)
                                   for gap in gaps if 0 < gap.first <= gap.last <= after][-MAX_GAPS:]
         self._held: list[Event] = []  # read by start_at_newest, returned by the next read
+        self._told_long = False  # whether a warning said a gap is older than LONG_GAP_AGE (and one still is)
 
     @property
     def gaps(self) -> int:
@@ -183,19 +190,37 @@ class EventCursor:
         the snapshot that set its horizon (their ids are below it). Once this
         read's snapshot has every transaction id below the horizon ended, a
         commit among them would have been visible to this read, which found
-        none: the gap stays empty.
+        none: the gap stays empty. Until then it is kept, whatever its age.
         """
         kept: list[_Gap] = []
         for gap in self._gaps:
+            if gap.horizon is not None and gap.horizon > xmax:
+                # No past snapshot of this cluster's (a state file kept across a restore into another, say):
+                # its fillers, if any, are running now, so now's bound holds them.
+                gap.horizon = xmax
             if gap.horizon is not None and xmin >= gap.horizon:
-                continue
-            if now - gap.seen_at > MAX_GAP_AGE:
-                log.debug("events %s-%s: gave up waiting for them after %ss", gap.first, gap.last, MAX_GAP_AGE)
                 continue
             if gap.horizon is None and now - gap.seen_at >= SETTLE:
                 gap.horizon = xmax
             kept.append(gap)
-        self._gaps = kept[-MAX_GAPS:]
+        if len(kept) > MAX_GAPS:
+            dropped = kept[:-MAX_GAPS]
+            log.warning("gave up waiting for events %s: more than %s ranges of ids are waited for, and an event "
+                        "of theirs that commits later is not returned", _ids(dropped), MAX_GAPS)
+            kept = kept[-MAX_GAPS:]
+        self._gaps = kept
+        long = [gap for gap in kept if now - gap.seen_at > LONG_GAP_AGE]
+        if long and not self._told_long:
+            log.warning("still waiting for events %s after %s s: a transaction running since before them (the "
+                        "oldest running is %s, anywhere in the cluster: pg_stat_activity.backend_xid) may yet "
+                        "commit them", _ids(long), f"{LONG_GAP_AGE:g}", xmin)
+        self._told_long = bool(long)
+
+
+def _ids(gaps: Sequence[_Gap]) -> str:
+    """The ids of ``gaps`` as a warning names them: the first three ranges, and how many more."""
+    shown = ", ".join(str(gap.first) if gap.first == gap.last else f"{gap.first}-{gap.last}" for gap in gaps[:3])
+    return shown + (f" and {len(gaps) - 3} more ranges" if len(gaps) > 3 else "")
 
 
 def _one(conn: psycopg.Connection[Any], query: str) -> Any:
