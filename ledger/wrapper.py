@@ -14,6 +14,9 @@ ttl/3), and ends the run with CMD's verdict.
 - CMD runs in its own process group, so a signal reaches the whole tree it
   starts (a shell script and its children), and a terminal's Ctrl-C reaches
   it once, through the wrapper.
+- The wrapper killed (SIGKILL, the OOM killer, a crash): CMD's group dies
+  with it (SIGTERM, SIGKILL after the grace), from a reaper of the group's
+  own, :class:`Reaper`. Only what left the group (``setsid``, a daemon) stays.
 - Lease lost (the heartbeat found the job taken over, or the run closed), or
   its local deadline passed (no heartbeat renewed it in time, even one stuck
   in a call of a silent partition; see ``ledger.heartbeat``): SIGTERM to
@@ -231,6 +234,72 @@ class StderrTail:
         return clean_text(text)
 
 
+class Reaper:
+    """The leader of CMD's process group, there to kill the group when the wrapper dies unannounced.
+
+    A ``/bin/sh`` started before CMD, in a process group of its own that CMD then joins: its stdin is a
+    pipe whose only writer is the wrapper (close-on-exec, so CMD does not hold it). The kernel closes
+    it however the wrapper dies, SIGKILL included; the reaper then reads end-of-file and sends the
+    group SIGTERM, and SIGKILL ``grace`` later, the way the wrapper stops CMD itself. An end the
+    wrapper saw writes ``done`` first: the reaper exits, and what CMD left running is left alone.
+
+    It ignores the signals the wrapper forwards to the group, and lives in CMD's group, not the
+    wrapper's: a supervisor that kills the wrapper's group kills the wrapper only. What no POSIX
+    means covers: a process that left the group (``setsid``, a daemon), and the reaper itself killed
+    together with the wrapper (by pid): then the fence is what stops CMD's writes.
+    """
+
+    SCRIPT = ('trap "" HUP INT QUIT TERM; read -r word; [ "$word" = done ] && exit 0; '
+              'kill -s TERM 0; [ "$1" = 0 ] || sleep "$1"; kill -s KILL 0')
+
+    def __init__(self, process: subprocess.Popen[bytes], writer: int) -> None:
+        self.process = process
+        self._writer: int | None = writer
+
+    @classmethod
+    def start(cls, grace: timedelta) -> Reaper | None:
+        """The reaper, running; None where it cannot start (no ``/bin/sh``): CMD then runs without."""
+        seconds = f"{max(grace.total_seconds(), 0):.3f}".rstrip("0").rstrip(".")
+        reader, writer = os.pipe()  # neither inheritable: the reaper gets the reader as its stdin only
+        group: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
+                                 else {"preexec_fn": os.setpgrp})
+        try:
+            process = subprocess.Popen(["/bin/sh", "-c", cls.SCRIPT, "jobledger-reaper", seconds or "0"],
+                                       stdin=reader, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       cwd="/", env={"PATH": os.environ.get("PATH") or os.defpath}, **group)
+        except OSError:
+            os.close(writer)
+            return None
+        finally:
+            os.close(reader)
+        return cls(process, writer)
+
+    @property
+    def group(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self, *, done: bool) -> None:
+        """``done``: the wrapper saw CMD end, the reaper exits; else it stops the group now."""
+        if self._writer is None:
+            return
+        writer, self._writer = self._writer, None
+        try:
+            if done:
+                os.write(writer, b"done\n")
+        except OSError:
+            pass  # killed with the group already (the SIGKILL after the grace)
+        finally:
+            os.close(writer)
+        if done:
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
 class Wrapper:
     """Runs ``options.argv`` as runs of ``options.job``; :meth:`run` returns the exit code.
 
@@ -250,6 +319,7 @@ class Wrapper:
         self._stderr = stderr if stderr is not None else getattr(sys.stderr, "buffer", None)
         self._signals = Signals()
         self._max_runtime: timedelta | None = None  # the job's registered max_runtime, read by _loop
+        self._group: int | None = None  # CMD's process group while it runs (the reaper's pid, or CMD's)
 
     def run(self) -> int:
         with self._signals:
@@ -400,26 +470,50 @@ class Wrapper:
             number = self._signals.received[0]
             return _Ending(128 + number, f"{signal_name(number)} received before the command started",
                            cancelled_by=number, detail=detail)
-        group: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
-                                 else {"preexec_fn": os.setpgrp})
-        started = time.monotonic()
+        reaper = Reaper.start(self._options.grace)
+        done = False
         try:
-            process = subprocess.Popen(argv, env=self._environment(run), stderr=subprocess.PIPE, **group)
-        except FileNotFoundError as error:
-            return _Ending(EXIT_NOT_FOUND, f"command not found: {argv[0]} ({error.strerror})", unstartable=True,
-                           detail=detail)
-        except PermissionError as error:
-            return _Ending(EXIT_NOT_EXECUTABLE, f"command not executable: {argv[0]} ({error.strerror})",
-                           unstartable=True, detail=detail)
-        assert process.stderr is not None
-        tail = StderrTail(process.stderr, self._stderr)
-        ending = self._supervise(process, run, started)
+            started = time.monotonic()
+            try:
+                process = self._popen(argv, run, reaper)
+            except FileNotFoundError as error:
+                done = True
+                return _Ending(EXIT_NOT_FOUND, f"command not found: {argv[0]} ({error.strerror})",
+                               unstartable=True, detail=detail)
+            except PermissionError as error:
+                done = True
+                return _Ending(EXIT_NOT_EXECUTABLE, f"command not executable: {argv[0]} ({error.strerror})",
+                               unstartable=True, detail=detail)
+            assert process.stderr is not None
+            tail = StderrTail(process.stderr, self._stderr)
+            ending = self._supervise(process, run, started)
+            done = True  # CMD ended under our eyes: what it left running is left alone, as without a reaper
+        finally:
+            self._group = None
+            if reaper is not None:
+                reaper.close(done=done)  # not done (an error of ours): the reaper stops CMD's group
         ending.detail = {**detail, "exit_code": ending.code, "seconds": round(time.monotonic() - started, 3),
                          **ending.detail}
         stderr_tail = tail.text()
         if ending.lost or ending.cancelled_by is not None or ending.code != 0:
             ending.error += f"\n--- stderr (tail) ---\n{stderr_tail}" if stderr_tail else ""
         return ending
+
+    def _popen(self, argv: list[str], run: RunContext, reaper: Reaper | None) -> subprocess.Popen[bytes]:
+        """CMD started in the reaper's process group (in a group of its own without a reaper)."""
+        env = self._environment(run)
+        for target in ((reaper.group, 0) if reaper is not None else (0,)):
+            group: dict[str, Any] = ({"process_group": target} if sys.version_info >= (3, 11)
+                                     else {"preexec_fn": (lambda pgid=target: os.setpgid(0, pgid))})
+            try:
+                process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, **group)
+            except PermissionError:
+                if target == 0 or (reaper is not None and reaper.alive()):
+                    raise  # CMD's own (not executable)
+                continue  # the reaper died before CMD could join its group (setpgid: EPERM): CMD alone
+            self._group = target or process.pid
+            return process
+        raise AssertionError("unreachable")
 
     def _supervise(self, process: subprocess.Popen[bytes], run: RunContext, started: float) -> _Ending:
         grace = self._options.grace.total_seconds()
@@ -484,10 +578,9 @@ class Wrapper:
                                    "command_exit_code": code})
         return _Ending(code, "" if code == 0 else status)
 
-    @staticmethod
-    def _signal(process: subprocess.Popen[bytes], number: int) -> None:
+    def _signal(self, process: subprocess.Popen[bytes], number: int) -> None:
         try:
-            os.killpg(process.pid, number)
+            os.killpg(self._group if self._group is not None else process.pid, number)
         except (ProcessLookupError, PermissionError):
             pass  # the group is gone already
 
