@@ -2,9 +2,10 @@
 
 A custom collector (no state in the process: the counters live in the
 database, so any number of exporters agree and a restart loses nothing). Each
-scrape opens a connection, reads ``ledger.job_status``, ``ledger.run_stats``
-and ``ledger.alerts`` in one read-only transaction as ``ledger_reader`` (see
-:func:`ledger.report.read_only_transaction`), and closes it.
+scrape opens a connection (or takes one from a pool: the dashboard's), reads
+``ledger.job_status``, ``ledger.run_stats`` and ``ledger.alerts`` in one
+read-only transaction as ``ledger_reader`` (see
+:func:`ledger.report.read_only_transaction`), and closes it (or gives it back).
 
 Metrics (labels in braces):
 
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -235,12 +237,14 @@ class LedgerCollector:
     """Reads the ledger on every scrape (``registry.register(LedgerCollector(...))``).
 
     ``connect`` opens a connection (closed after the scrape; ``ledger.connect.connect``
-    gives one with the ledger's settings, e.g. ``lambda: connect(dsn)``). When the read
+    gives one with the ledger's settings, e.g. ``lambda: connect(dsn)``), or gives a
+    context manager of one (e.g. a pool's ``connection``: given back after the
+    scrape, as the dashboard's ``/metrics`` does). When the read
     fails, the scrape still answers, with ``jobledger_up 0``, and ``on_error``
     hears why; with ``raise_errors`` the error propagates instead (one-shot use).
     """
 
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], *,
+    def __init__(self, connect: Callable[[], AbstractContextManager[psycopg.Connection[Any]]], *,
                  timeout: timedelta = DEFAULT_TIMEOUT, raise_errors: bool = False,
                  on_error: Callable[[Exception], None] | None = None) -> None:
         self._connect = connect

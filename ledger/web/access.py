@@ -8,7 +8,9 @@ operator. With credentials, every request must carry them, on loopback too:
 - a token: ``Authorization: Bearer TOKEN`` (a Prometheus scrape's
   ``authorization`` setting), or once ``?token=TOKEN`` in a browser, which
   answers with a cookie (HttpOnly, SameSite=Strict) and a redirect to the same
-  address without the token, so it stays out of the history and of links;
+  address without the token, so it stays out of the history and of links (an
+  address on the dashboard, whatever the path: ``//evil.example/?token=T``
+  redirects to ``/evil.example/``, see :func:`ledger.web.routes.local`);
 - basic auth: ``user:password``, which browsers ask for themselves.
 
 Secrets are compared in constant time (:func:`hmac.compare_digest`).
@@ -25,6 +27,8 @@ from http.cookies import SimpleCookie
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ledger.web.routes import local, root_of
 
 COOKIE = "jobledger_token"
 
@@ -128,12 +132,12 @@ class AccessMiddleware:
 
     async def _set_cookie_and_redirect(self, scope: Scope, query: list[tuple[str, str]], send: Send) -> None:
         assert self.access.token is not None
-        location = scope.get("root_path", "") + scope["path"] + (f"?{urlencode(query)}" if query else "")
+        location = local(scope, urlencode(query))
         cookie: SimpleCookie = SimpleCookie()
         cookie[COOKIE] = self.access.token
         cookie[COOKIE]["httponly"] = True
         cookie[COOKIE]["samesite"] = "Strict"
-        cookie[COOKIE]["path"] = scope.get("root_path", "") or "/"
+        cookie[COOKIE]["path"] = root_of(scope) or "/"
         await send({"type": "http.response.start", "status": 303, "headers": [
             (b"location", location.encode("latin-1")),
             (b"set-cookie", cookie[COOKIE].OutputString().encode("latin-1")),

@@ -5,7 +5,9 @@ Around the routes (:mod:`ledger.web.routes`): the access check
 but its own script (a Content-Security-Policy of ``'self'``: even a name
 that escaped escaping could not load or run code), and error pages: 404 for
 an unknown job or run, 400 for a bad filter, 503 when the ledger cannot be
-read (its reason in one line).
+read (its reason in one line). An error page links only to the dashboard's
+own pages, never to the address it was asked for (``//evil.example/x`` is
+another site to a browser).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import jinja2
 import psycopg
 from psycopg_pool import PoolTimeout
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -32,6 +35,7 @@ from ledger.text import first_line
 from ledger.web import charts, pages, routes
 from ledger.web.access import Access, AccessMiddleware
 from ledger.web.reads import DEFAULT_TIMEOUT, Reader
+from ledger.web.routes import DEFAULT_METRICS_CACHE, Scrapes
 
 __all__ = ["DEFAULT_REFRESH", "create_app"]
 
@@ -82,9 +86,10 @@ def _error(request: Request, status: int, heading: str, message: str) -> Respons
         return routes.badge_response("jobledger", heading, charts.BADGE_COLOURS["unknown"], status)
     config = routes.settings(request)
     urls = routes.Urls(request)
+    # no JSON link: it would be the request's own path, and an error has no JSON page of its own
     return config.templates.TemplateResponse(request, "error.html", {
         "status": status, "heading": heading, "message": message, "refresh": config.refresh, "root": urls.root,
-        "json_url": path, "static": urls.static, "nav": "", "version": __version__,
+        "json_url": None, "static": urls.static, "nav": "", "version": __version__,
     }, status_code=status)
 
 
@@ -106,20 +111,30 @@ async def _unreadable(request: Request, error: Exception) -> Response:
 
 
 def create_app(dsn: str | Reader, *, access: Access | None = None, refresh: int = DEFAULT_REFRESH,
-               timeout: timedelta = DEFAULT_TIMEOUT) -> Starlette:
+               timeout: timedelta = DEFAULT_TIMEOUT,
+               metrics_cache: timedelta = DEFAULT_METRICS_CACHE) -> Starlette:
     """The dashboard of the ledger at ``dsn`` (a conninfo, or a :class:`Reader` of one).
 
     ``access``: the credentials every request must carry (default: none;
     :func:`ledger.web.access.check_bind` decides whether that may be);
     ``refresh``: seconds between two refreshes of an open page; ``timeout``:
-    the statement timeout of each read.
+    the statement timeout of each read; ``metrics_cache``: how long a
+    ``/metrics`` body is served again after its read (:class:`~ledger.web.routes.Scrapes`).
+    Every request reads through the reader's pool.
     """
     if refresh < 1:
         raise ValueError("refresh must be at least one second")
+    scrapes = Scrapes(metrics_cache)
     reader = dsn if isinstance(dsn, Reader) else Reader(dsn, timeout=timeout)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            # the pool opened before the first request (`jobledger web` has opened it already); a
+            # database that does not answer yet is no reason not to start: the pages say 503 meanwhile
+            await run_in_threadpool(reader.open)
+        except psycopg.Error:
+            pass
         try:
             yield
         finally:
@@ -134,5 +149,5 @@ def create_app(dsn: str | Reader, *, access: Access | None = None, refresh: int 
         middleware=[Middleware(SecurityHeaders), Middleware(AccessMiddleware, access=access or Access())],
         exception_handlers=handlers, lifespan=lifespan)
     app.state.settings = routes.Settings(reader=reader, templates=Jinja2Templates(env=environment()),
-                                         refresh=refresh)
+                                         refresh=refresh, scrapes=scrapes)
     return app

@@ -7,6 +7,7 @@ typed rows. Nothing is prepared: the dashboard works behind a transaction pooler
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -17,7 +18,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from ledger import queries
-from ledger.connect import connect, make_pool, open_pool
+from ledger.connect import make_pool, open_pool
 from ledger.models import JobStatus, Run
 from ledger.report import read_only_transaction
 
@@ -141,7 +142,12 @@ class Alert:
 
 
 class Reader:
-    """Where the pages read: a small pool of connections to the ledger, each read in its own transaction."""
+    """Where every request reads: a small pool of connections to the ledger, each read in its own transaction.
+
+    Pages, their JSON, the badge and ``/metrics`` all take their connection
+    from the pool (``pool_size`` at most, named ``jobledger web`` in
+    ``pg_stat_activity``); none opens one of its own.
+    """
 
     def __init__(self, dsn: str, *, timeout: timedelta = DEFAULT_TIMEOUT, pool_size: int = POOL_SIZE) -> None:
         self.dsn = dsn
@@ -151,17 +157,23 @@ class Reader:
             "min_size": 1, "max_size": pool_size, "name": "jobledger-web", "timeout": timeout.total_seconds(),
             "check": ConnectionPool.check_connection, "kwargs": {"application_name": "jobledger web"}})
         self._open = False
+        # one opening at a time: concurrent first requests wait for it rather than each probing the database
+        self._opening = threading.Lock()
 
     def open(self) -> None:
         """Connect now: LedgerUnavailable, naming host and port, when the database does not answer."""
-        if not self._open:
-            open_pool(self._pool)
-            self._open = True
+        if self._open:
+            return
+        with self._opening:
+            if not self._open:
+                open_pool(self._pool)
+                self._open = True
 
     def close(self) -> None:
-        if self._open:
-            self._pool.close()
-            self._open = False
+        with self._opening:
+            if self._open:
+                self._pool.close()
+                self._open = False
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Cursor[Any]]:
@@ -170,9 +182,12 @@ class Reader:
         with self._pool.connection() as conn, read_only_transaction(conn, self.timeout) as cur:
             yield cur
 
-    def metrics_connection(self) -> psycopg.Connection[Any]:
-        """A connection of its own for one metrics scrape (the collector closes it), as `jobledger metrics`."""
-        return connect(self.dsn, application_name="jobledger web")
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the pool, given back at the end (``/metrics``: its collector opens the transaction)."""
+        self.open()
+        with self._pool.connection() as conn:
+            yield conn
 
 
 def _rows(cur: psycopg.Cursor[Any], query: str, params: dict[str, Any]) -> list[dict[str, Any]]:

@@ -3,23 +3,33 @@
 A page is read in one read-only transaction (:meth:`Reader.transaction`),
 built by :mod:`ledger.web.pages`, then drawn by its template or returned as
 JSON. Handlers are plain functions: Starlette runs them in its thread pool,
-where the synchronous reads belong.
+where the synchronous reads belong. ``/metrics`` is the exception: it waits
+for its scrape in the event loop (:class:`Scrapes`), not in a thread.
+
+Every address a page or a redirect writes is built from the routes and the
+root path (:class:`Urls`, :func:`local`), never copied from the request's path:
+``//evil.example/x`` is another site to a browser.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlencode
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import Scope
 
 from ledger import __version__
 from ledger.metrics import DEFAULT_TIMEOUT as METRICS_TIMEOUT
@@ -34,15 +44,54 @@ P = TypeVar("P")
 
 #: The longest name filter a request may give (a job's name is at most this long too).
 MAX_FILTER = 200
+#: How long a ``/metrics`` body is served again after its read ended.
+DEFAULT_METRICS_CACHE = timedelta(seconds=1)
+
+
+class Scrapes:
+    """``/metrics``: one read at a time (single flight), its body served again for ``cache`` after it.
+
+    A scrape that comes while a read is in flight waits for that read and gets
+    its body; one within ``cache`` of the last read's end gets the last body;
+    any other starts a read. However many scrape at once, the ledger is read by
+    one connection of the pool at a time, and the waiting scrapes hold no
+    thread (they wait in the event loop).
+    """
+
+    def __init__(self, cache: timedelta = DEFAULT_METRICS_CACHE) -> None:
+        if cache < timedelta(0):
+            raise ValueError("the metrics cache cannot be negative")
+        self.cache = cache.total_seconds()
+        self._body: bytes | None = None
+        self._read_at = 0.0
+        self._flight: asyncio.Task[bytes] | None = None
+
+    async def body(self, read: Callable[[], bytes]) -> bytes:
+        if self._body is not None and time.monotonic() - self._read_at < self.cache:
+            return self._body
+        flight = self._flight
+        if flight is None or flight.get_loop() is not asyncio.get_running_loop():
+            flight = self._flight = asyncio.ensure_future(self._read(read))
+        # shielded: a scraper that goes away does not cancel the read the others wait for
+        return await asyncio.shield(flight)
+
+    async def _read(self, read: Callable[[], bytes]) -> bytes:
+        try:
+            body = await run_in_threadpool(read)
+            self._body, self._read_at = body, time.monotonic()
+            return body
+        finally:
+            self._flight = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """What every page needs besides its data: the reads, the templates, the refresh period."""
+    """What every page needs besides its data: the reads, the templates, the refresh period, the scrapes."""
 
     reader: Reader
     templates: Jinja2Templates
     refresh: int
+    scrapes: Scrapes = dataclasses.field(default_factory=Scrapes)
 
 
 def settings(request: Request) -> Settings:
@@ -51,11 +100,31 @@ def settings(request: Request) -> Settings:
 
 # -- addresses ------------------------------------------------------------------------
 
+def root_of(scope: Scope) -> str:
+    """The prefix the dashboard is served under (``root_path``): ``""`` or ``/a/b``, never ``//host``."""
+    root = str(scope.get("root_path", "")).strip("/\\")
+    return f"/{root}" if root else ""
+
+
+def local(scope: Scope, query: str = "") -> str:
+    """The request's own address, as a link or a Location that stays on the dashboard.
+
+    The path the routes saw (root path taken off), its leading slashes and
+    backslashes folded into one ``/`` (a browser reads ``//host`` and ``/\\host``
+    as another site), quoted again, under :func:`root_of`.
+    """
+    path, root = str(scope["path"]), str(scope.get("root_path", ""))
+    if root and path.startswith(root) and path[len(root):len(root) + 1] in ("", "/"):
+        path = path[len(root):]  # uvicorn puts the root path in front of the path; the routes take it off
+    path = path.lstrip("/\\")
+    return f"{root_of(scope)}/{quote(path, safe='/')}" + (f"?{query}" if query else "")
+
+
 class Urls:
     """The dashboard's addresses, under the prefix it is mounted at (``root_path``)."""
 
     def __init__(self, request: Request) -> None:
-        self.root = str(request.scope.get("root_path", "")).rstrip("/")
+        self.root = root_of(request.scope)
 
     def job(self, job: str, window: str | None = None) -> str:
         query = f"?{urlencode({'window': window})}" if window else ""
@@ -194,13 +263,18 @@ def badge(request: Request) -> Response:
     return badge_response(name, LABELS[found.state], charts.BADGE_COLOURS[found.state])
 
 
-def metrics(request: Request) -> Response:
-    """The same collector as ``jobledger metrics``: a failed read answers ``jobledger_up 0``."""
+async def metrics(request: Request) -> Response:
+    """The same collector as ``jobledger metrics``, on a connection of the pool, one read at a time
+    (:class:`Scrapes`): a failed read answers ``jobledger_up 0``."""
     config = settings(request)
     # as `jobledger metrics`: a scrape reads every job and the alerts, and gets its longer default
     timeout = max(config.reader.timeout, METRICS_TIMEOUT)
-    collector = LedgerCollector(config.reader.metrics_connection, timeout=timeout)
-    return Response(generate_latest(registry(collector)), media_type=CONTENT_TYPE_LATEST,
+
+    def read() -> bytes:
+        body: bytes = generate_latest(registry(LedgerCollector(config.reader.connection, timeout=timeout)))
+        return body
+
+    return Response(await config.scrapes.body(read), media_type=CONTENT_TYPE_LATEST,
                     headers={"cache-control": "no-cache"})
 
 

@@ -59,12 +59,16 @@ def url_of(sock: socket.socket) -> str:
 
 
 class BackgroundServer:
-    """The dashboard on a free loopback port, in a thread: ``with BackgroundServer(app) as s: s.url``."""
+    """The dashboard on a free loopback port, in a thread: ``with BackgroundServer(app) as s: s.url``.
 
-    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0) -> None:
+    ``root_path``: the prefix a reverse proxy serves it under (uvicorn's ``--root-path``).
+    """
+
+    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0, *, root_path: str = "") -> None:
         self.socket = bind(host, port)
         self.url = url_of(self.socket)
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                                     root_path=root_path))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self.socket]},
                                         name="jobledger-web", daemon=True)
 
