@@ -97,6 +97,7 @@ def test_the_55p03_of_configure_events_names_the_table_and_the_blocking_backend(
     idle = connect(autocommit=False)
     idle.execute("SELECT * FROM ledger.start_run('careless', 'h', '1 minute')")
     caller = connect()
+    caller.execute("SET statement_timeout = '20s'")  # a wait without a bound fails, it does not hang
     with pytest.raises(psycopg.errors.LockNotAvailable) as refused:
         caller.execute("SELECT ledger.configure_events(run_events => false)")
     diag = refused.value.diag
