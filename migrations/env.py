@@ -22,8 +22,14 @@ from sqlalchemy import create_engine, pool
 
 from ledger.migrate import LOCK_KEY, SCHEMA, VERSION_TABLE, execute_sql, sqlalchemy_url
 
+# The lock wait is bounded once the migrators' own lock is held: a revision
+# that must lock a table (a view it replaces, a column it adds; an uninstall
+# drops them all) fails with 55P03 after MIGRATION_LOCK_WAIT rather than
+# queue every client of that table behind an idle transaction; run it again.
+MIGRATION_LOCK_WAIT = "2s"
 PREPARE = f"""\
 SELECT pg_catalog.pg_advisory_xact_lock({LOCK_KEY});
+SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';
 CREATE SCHEMA IF NOT EXISTS {SCHEMA};
 """
 

@@ -280,6 +280,21 @@ CREATE FUNCTION ledger._lock_wait() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $x$ SELECT '1s'::text $x$;
 
+-- How long an operator command waits for a table lock (configure_events'
+-- ALTER TABLE): while it waits, every start and end of every job queues
+-- behind it, so the wait is short, and past it the command fails (55P03)
+-- rather than stall the ledger behind an idle transaction.
+CREATE FUNCTION ledger._ddl_lock_wait() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $x$ SELECT '200ms'::text $x$;
+
+-- The longest a caller may sit idle in the transaction of its
+-- ledger.sync_alerts() call (whose lock holds back every other poller's
+-- alerts until that transaction ends): past it the server ends the session.
+CREATE FUNCTION ledger._alert_sync_idle_limit() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $x$ SELECT interval '5 seconds' $x$;
+
 -- The lease row of a job for a caller that wants to take it: the callers'
 -- first statement takes it locked when nobody holds it and no other
 -- transaction has it (FOR UPDATE SKIP LOCKED, free, expired, released or

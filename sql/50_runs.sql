@@ -1,6 +1,12 @@
 -- Runs: the execution log. Every function that changes a job's runs first
 -- locks the job's lease row, so all of them serialize per job in one order
--- (lease row, then run rows, then counters) and cannot deadlock each other.
+-- (lease row, then the job's registration, then run rows, then counters)
+-- and cannot deadlock each other. The registration row is locked FOR NO KEY
+-- UPDATE by whoever changes it in place (register_job), so that the key
+-- share of a start's foreign keys never waits on it; only unregister_job,
+-- after the lease row, deletes it. A row a call waited for may be gone
+-- once it has the lease row: the call answers LD004 or LD005, as for a run
+-- or a job that never was.
 
 CREATE FUNCTION ledger.start_run(
     job text,
@@ -307,6 +313,10 @@ BEGIN
     END IF;
     PERFORM FROM ledger.leases l WHERE l.job = v_job FOR UPDATE;
     SELECT * INTO v_run FROM ledger.job_execution_log r WHERE r.run_id = _lock_run.run_id;
+    IF NOT FOUND THEN  -- purged or unregistered while this call waited for the lease row
+        PERFORM ledger._raise('LD004', format('run not found: %s', run_id),
+            jsonb_build_object('run_id', run_id));
+    END IF;
     IF v_run.token <> token THEN
         PERFORM ledger._raise('LD001',
             format('lease superseded: run %s holds token %s, not %s', run_id, v_run.token, token),
@@ -380,6 +390,10 @@ BEGIN
     END IF;
     IF v_run.run_id IS NULL THEN
         SELECT * INTO v_run FROM ledger.job_execution_log r WHERE r.run_id = _end_run.run_id;
+        IF NOT FOUND THEN  -- purged or unregistered while this call waited for the lease row
+            PERFORM ledger._raise('LD004', format('run not found: %s', run_id),
+                jsonb_build_object('run_id', run_id));
+        END IF;
         IF v_run.token <> token THEN
             PERFORM ledger._raise('LD001',
                 format('lease superseded: run %s holds token %s, not %s', run_id, v_run.token, token),

@@ -203,12 +203,16 @@ BEGIN
     END IF;
 
     -- The registration as it is, locked (a first one: created, then locked).
-    SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR UPDATE;
+    -- FOR NO KEY UPDATE, as the UPDATE below would: a start's foreign key
+    -- checks (FOR KEY SHARE) on this row must never wait on a registration,
+    -- or a start holding the job's counters and a registration waiting for
+    -- them would deadlock.
+    SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR NO KEY UPDATE;
     v_new := NOT FOUND;
     IF v_new THEN
         INSERT INTO ledger.jobs AS j (job) VALUES (register_job.job)
         ON CONFLICT ON CONSTRAINT jobs_pkey DO NOTHING;
-        SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR UPDATE;
+        SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR NO KEY UPDATE;
     END IF;
     v_job := v_old;
     v_job.schedule := coalesce(register_job.schedule, v_old.schedule);
@@ -394,6 +398,13 @@ BEGIN
     v_result := ledger._start(job, owner, v_ttl, v_due[1], NULL, NULL);
     IF v_result.outcome <> 'started' THEN
         RETURN v_result;
+    END IF;
+    -- The lease row is ours: an unregister_job that held it has committed.
+    -- Its job is gone, and so is this start (the raise undoes it).
+    PERFORM FROM ledger.jobs j WHERE j.job = start_due_run.job;
+    IF NOT FOUND THEN
+        PERFORM ledger._raise('LD005', format('job not found: %s was unregistered while this start waited', job),
+            jsonb_build_object('job', job));
     END IF;
 
     -- Started: this transaction holds the job's lease row, so the slots the

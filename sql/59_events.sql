@@ -219,7 +219,9 @@ CREATE TRIGGER events_retention
 -- transaction, so a switched-off feature costs nothing on the hot path; a
 -- call with no arguments only makes them agree with the table again (after
 -- a restore of the table from a dump, say). ALTER TABLE waits for the
--- transactions writing those tables, a moment on a busy ledger.
+-- transactions writing those tables, and every start and end queues behind
+-- it while it waits: at most ledger._ddl_lock_wait(), then 55P03 naming the
+-- transactions in the way, and nothing changed.
 CREATE FUNCTION ledger.configure_events(
     run_events boolean DEFAULT NULL,
     notify boolean DEFAULT NULL,
@@ -234,6 +236,8 @@ AS $$
 DECLARE
     v_settings ledger.event_settings;
     v_trigger  record;
+    v_table    regclass;
+    v_wait     text := current_setting('lock_timeout');
 BEGIN
     PERFORM ledger._check_duration(retention, 'retention', ledger._max_older_than());
     IF max_events < 1000 OR max_events > 1000000000 THEN
@@ -260,8 +264,25 @@ BEGIN
            AND (t.tgenabled <> 'D') IS DISTINCT FROM
                (CASE WHEN t.tgname = 'events_notify' THEN v_settings.notify ELSE v_settings.run_events END)
     LOOP
-        EXECUTE format('ALTER TABLE %s %s TRIGGER %I', v_trigger.tab,
-                       CASE WHEN v_trigger.wanted THEN 'ENABLE' ELSE 'DISABLE' END, v_trigger.tgname);
+        v_table := v_trigger.tab;
+        BEGIN
+            PERFORM set_config('lock_timeout', ledger._ddl_lock_wait(), true);
+            EXECUTE format('ALTER TABLE %s %s TRIGGER %I', v_trigger.tab,
+                           CASE WHEN v_trigger.wanted THEN 'ENABLE' ELSE 'DISABLE' END, v_trigger.tgname);
+            PERFORM set_config('lock_timeout', v_wait, true);
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION USING ERRCODE = '55P03',
+                MESSAGE = format('configure_events could not switch the triggers of %s within %s: another '
+                                 'transaction has that table open; nothing changed, retry when it has ended',
+                                 v_table, ledger._ddl_lock_wait()),
+                DETAIL = jsonb_build_object(
+                    'table', v_table::text, 'waited', ledger._ddl_lock_wait(),
+                    'blocking_pids', (SELECT coalesce(jsonb_agg(DISTINCT l.pid ORDER BY l.pid), '[]'::jsonb)
+                                        FROM pg_catalog.pg_locks l
+                                       WHERE l.relation = v_table AND l.granted
+                                         AND l.pid <> pg_catalog.pg_backend_pid()))::text,
+                HINT = 'pg_stat_activity shows what those backends are doing (an idle transaction holds its locks).';
+        END;
     END LOOP;
     RETURN v_settings;
 END
@@ -301,6 +322,10 @@ COMMENT ON FUNCTION ledger.purge_events() IS 'Delete the events past the retenti
 -- table lock, taken NOWAIT): a call that finds another at it returns no
 -- rows at once instead of queueing behind it (what that one records is in
 -- ledger.events), so a change is recorded once and many pollers cost one.
+-- The lock lasts until the caller's transaction ends, so a caller that sat
+-- idle in it would hold back every alert: for the rest of that transaction,
+-- the session's idle_in_transaction_session_timeout is at most
+-- ledger._alert_sync_idle_limit(), after which the server ends the session.
 CREATE FUNCTION ledger.sync_alerts()
 RETURNS SETOF ledger.events
 LANGUAGE plpgsql
@@ -315,6 +340,11 @@ BEGIN
     EXCEPTION WHEN lock_not_available THEN
         RETURN;
     END;
+    IF current_setting('idle_in_transaction_session_timeout')::interval NOT BETWEEN interval '1 microsecond'
+                                                                               AND ledger._alert_sync_idle_limit() THEN
+        PERFORM set_config('idle_in_transaction_session_timeout',
+                           (extract(epoch FROM ledger._alert_sync_idle_limit()) * 1000)::bigint::text, true);
+    END IF;
     RETURN QUERY
     WITH now_open AS MATERIALIZED (
         SELECT DISTINCT ON (a.job, a.alert, k.run_key)
