@@ -3,6 +3,11 @@
 Times in tables are relative to the database's clock (``now``: the ledger's
 only clock), as ``12s ago`` / ``in 3m``; JSON has ISO 8601 timestamps and
 durations in seconds.
+
+Data is shown as data: every cell and line made from the ledger's rows is a
+``rich.text.Text`` (never markup, so ``[/]`` or ``[link=...]`` in an error is
+printed as it is) with its control characters escaped (:func:`cell`,
+``ledger.text.visible``); JSON escapes them too (:func:`dumps`).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime, time, timedelta, timezone
@@ -18,14 +24,13 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from ledger.durations import format_duration
 from ledger.models import EVENT_KINDS, Event, JobStatus
-from ledger.text import first_line
+from ledger.text import first_line, visible
 
 STATUS_STYLES = {"success": "green", "failure": "red", "running": "cyan"}
 #: Characters of a run's error (its first line) in the runs table.
@@ -67,11 +72,43 @@ def plain(value: Any) -> Any:
     return value
 
 
+#: DEL and C1, which json.dumps(ensure_ascii=False) leaves as they are (it escapes C0 only).
+_JSON_CONTROL = re.compile("[\x7f-\x9f]")
+
+
+def dumps(value: Any, indent: int | None = None, default: Callable[[Any], Any] | None = None) -> str:
+    """``value`` (:func:`plain`) as JSON, non-ASCII text as it is, every control character escaped.
+
+    json.dumps writes C0 (ESC, BEL, newline) as ``\\u001b``...; DEL and C1 (U+007F-U+009F)
+    are written ``\\u009b`` here too, so no control character reaches the terminal raw. Outside
+    its strings JSON is ASCII without them, so the escape changes no value: a parser reads the
+    original text.
+    """
+    text = json.dumps(plain(value), indent=indent, ensure_ascii=False, default=default)
+    return _JSON_CONTROL.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+
+
 def to_json(value: Any) -> str:
-    return json.dumps(plain(value), indent=2, ensure_ascii=False)
+    """Indented JSON (:func:`dumps`): a command's ``--json``."""
+    return dumps(value, indent=2)
+
+
+def json_line(value: Any) -> str:
+    """JSON on one line (:func:`dumps`): a stream's object, as ``watch --json`` prints them."""
+    return dumps(value)
 
 
 # -- cells ------------------------------------------------------------------------
+
+def cell(value: Any, style: str = "", limit: int | None = None) -> Text:
+    """A cell made of data: ``str(value)`` as text, never markup, its control characters escaped
+    (``ledger.text.visible``, cut to ``limit`` characters)."""
+    return Text(visible(str(value), limit=limit), style=style)
+
+
+def _title(title: str | Text | None, style: str) -> Text | None:
+    return Text(visible(title), style=style) if isinstance(title, str) else title
+
 
 def relative(moment: datetime | None, now: datetime) -> str:
     """``12s ago``, ``in 3m``, ``now``; ``-`` for None."""
@@ -99,7 +136,7 @@ def _status(status: str | None, reason: str | None = None) -> Text:
     if status is None:
         return Text("-", style="dim")
     label = status if not reason else f"{status} ({reason})"
-    return Text(label, style=STATUS_STYLES.get(status, ""))
+    return cell(label, style=STATUS_STYLES.get(status, ""))
 
 
 # -- tables -----------------------------------------------------------------------
@@ -132,7 +169,7 @@ def _state(row: JobStatus) -> Text:
         state = Text("idle", style="dim")
     if row.holder is not None:
         token = f" ({row.token})" if row.token is not None else ""
-        state.append(f"\n{row.holder}{token}", style="dim")
+        state.append("\n" + visible(f"{row.holder}{token}"), style="dim")
     return state
 
 
@@ -144,7 +181,7 @@ def status_table(statuses: Sequence[JobStatus], alerts: Iterable[Mapping[str, An
     Any column but ``job`` may be NULL (a job known only by its lease, one that never ran): ``-`` or 0.
     """
     alerting = {str(alert["job"]) for alert in alerts}
-    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left", title_style="bold",
+    table = Table(title=_title(title, "bold"), box=box.SIMPLE_HEAVY, title_justify="left",
                   padding=(0, 1), pad_edge=False)
     table.add_column("job", no_wrap=wide, overflow="fold")
     table.add_column("schedule", max_width=28)
@@ -155,7 +192,7 @@ def status_table(statuses: Sequence[JobStatus], alerts: Iterable[Mapping[str, An
     for name in counters:
         table.add_column(name, justify="right", no_wrap=True)
     for row in statuses:
-        job = Text(f"⚠ {row.job}", style="bold red") if row.job in alerting else Text(row.job, style="bold")
+        job = cell(f"⚠ {row.job}", style="bold red") if row.job in alerting else cell(row.job, style="bold")
         schedule = row.schedule or "-"
         if row.schedule and row.time_zone and row.time_zone != "UTC":
             schedule += f" {row.time_zone}"
@@ -163,7 +200,7 @@ def status_table(statuses: Sequence[JobStatus], alerts: Iterable[Mapping[str, An
         if row.last_started_at is not None:
             last.append(f"{' ' if wide else chr(10)}{relative(row.last_started_at, now)}", style="dim")
         fails = _count(row.consecutive_failures)
-        cells: list[Text | str] = [job, schedule, _state(row), last, relative(row.next_slot, now),
+        cells: list[Text | str] = [job, cell(schedule), _state(row), last, relative(row.next_slot, now),
                                    Text(str(fails), style="bold red" if fails else "")]
         if wide:
             cells += [str(_count(row.runs_started)), str(_count(row.successes)), str(_count(row.failures)),
@@ -174,13 +211,12 @@ def status_table(statuses: Sequence[JobStatus], alerts: Iterable[Mapping[str, An
 
 
 def alerts_table(alerts: Sequence[Mapping[str, Any]], now: datetime, title: str | None = "ledger.alerts") -> Table:
-    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left", title_style="bold red",
-                  style="red")
+    table = Table(title=_title(title, "bold red"), box=box.SIMPLE_HEAVY, title_justify="left", style="red")
     for name in ("alert", "job", "run", "message", "since"):
         table.add_column(name)
     for alert in alerts:
-        table.add_row(Text(str(alert["alert"]), style="bold red"), str(alert["job"]),
-                      "-" if alert["run_id"] is None else str(alert["run_id"]), str(alert["message"]),
+        table.add_row(cell(alert["alert"], style="bold red"), cell(alert["job"]),
+                      "-" if alert["run_id"] is None else str(alert["run_id"]), cell(alert["message"]),
                       relative(alert["since"], now))
     return table
 
@@ -189,7 +225,7 @@ def runs_table(runs: Sequence[Mapping[str, Any]], now: datetime, title: str | No
                wide: bool = True) -> Table:
     """Runs, newest first; the slot column only when a run has a slot, dates only when ``wide``."""
     slots = any(run["slot"] is not None for run in runs)
-    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left", title_style="bold",
+    table = Table(title=_title(title, "bold"), box=box.SIMPLE_HEAVY, title_justify="left",
                   padding=(0, 1), pad_edge=False)
     table.add_column("run", justify="right", no_wrap=True)
     table.add_column("status", min_width=7)
@@ -208,22 +244,22 @@ def runs_table(runs: Sequence[Mapping[str, Any]], now: datetime, title: str | No
         if wide:
             started = f"{timestamp(run['started_at'])} ({started})"
         cells: list[Text | str] = [str(run["run_id"]), _status(run["status"], run["failure_reason"]),
-                                   str(run["owner"]), str(run["token"])]
+                                   cell(run["owner"]), str(run["token"])]
         if slots:
             cells.append(timestamp(run["slot"]))
-        cells += [started, took, first_line(run["error"], limit=ERROR_WIDTH)]
+        cells += [started, took, cell(first_line(run["error"]), limit=ERROR_WIDTH)]
         table.add_row(*cells)
     return table
 
 
 def skipped_slots_table(rows: Sequence[Mapping[str, Any]], title: str | None = "ledger.skipped_slots") -> Table:
-    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left", title_style="bold")
+    table = Table(title=_title(title, "bold"), box=box.SIMPLE_HEAVY, title_justify="left")
     for name, justify in [("job", "left"), ("first slot", "left"), ("last slot", "left"),
                           ("slots", "right"), ("reason", "left")]:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in rows:
-        table.add_row(str(row["job"]), timestamp(row["first_slot"]), timestamp(row["last_slot"]),
-                      str(row["slot_count"]), str(row["reason"]))
+        table.add_row(cell(row["job"]), timestamp(row["first_slot"]), timestamp(row["last_slot"]),
+                      str(row["slot_count"]), cell(row["reason"]))
     return table
 
 
@@ -244,7 +280,7 @@ def event_summary(event: Event) -> str:
     detail = event.detail
     run = f"run {event.run_id}"
     took = f" {format_duration(timedelta(seconds=float(detail['seconds'])))}" if "seconds" in detail else ""
-    error = f": {first_line(str(detail['error']), limit=ERROR_WIDTH)}" if detail.get("error") else ""
+    error = f": {visible(first_line(str(detail['error'])), limit=ERROR_WIDTH)}" if detail.get("error") else ""
     if event.kind == "run_started":
         words = f"{run} by {detail.get('owner')}, token {detail.get('token')}"
         if detail.get("slot") is not None:
@@ -290,9 +326,10 @@ class EventLines:
         self._job_width = min(max(self._job_width, len(event.job)), JOB_WIDTH)
 
     def line(self, event: Event) -> str:
+        """The event's line, its control characters escaped (``ledger.text.visible``): one line, plain text."""
         self._widen(event)
-        return (f"#{event.event_id:<{self._id_width}}  {utc(event.at)}  {event.kind:<{KIND_WIDTH}}  "
-                f"{event.job:<{self._job_width}}  {event_summary(event)}")
+        return visible(f"#{event.event_id:<{self._id_width}}  {utc(event.at)}  {event.kind:<{KIND_WIDTH}}  "
+                       f"{event.job:<{self._job_width}}  {event_summary(event)}")
 
 
 # -- report rows (`jobledger report`) ----------------------------------------------
@@ -326,8 +363,8 @@ def rows_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], caption: s
                                   for row in rows if row[i] is not None)
                for i in range(len(columns))]
     for name, right in zip(columns, numeric):
-        table.add_column(name, justify="right" if right else "left")
+        table.add_column(cell(name), justify="right" if right else "left")  # a column's name is the query's
     for row in rows:
-        table.add_row(*("[dim]null[/dim]" if value is None else escape(cell_text(value)) for value in row))
+        table.add_row(*(Text("null", style="dim") if value is None else cell(cell_text(value)) for value in row))
     return table
 

@@ -8,7 +8,6 @@ an array, as `runs --json`; `watch --json` one object a line, as
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -111,8 +110,7 @@ def watch(job: str | None, kinds: tuple[str, ...], count: int, interval: timedel
 
             def show(batch: list[Event]) -> None:
                 for event in batch:  # click.echo flushes each line: a pipe gets it at once
-                    click.echo(json.dumps(render.plain(event), ensure_ascii=False) if as_json
-                               else lines.line(event))
+                    click.echo(render.json_line(event) if as_json else lines.line(event))
 
             show(newest)
             for batch in follower.batches():

@@ -83,7 +83,7 @@ def _offset(value: timedelta) -> str:
 def _table(slots: list[dict[str, Any]], time_zone: str) -> Table:
     table = Table(box=None, pad_edge=False, show_edge=False)
     table.add_column("#", justify="right", style="dim")
-    table.add_column(f"local time ({time_zone})", no_wrap=True)
+    table.add_column(render.cell(f"local time ({time_zone})"), no_wrap=True)
     table.add_column("UTC", no_wrap=True)
     table.add_column("daylight saving")
     for number, row in enumerate(slots, 1):
@@ -95,7 +95,7 @@ def _table(slots: list[dict[str, Any]], time_zone: str) -> Table:
                       f"{_offset(row['utc_offset'])}",
                       f"{slot.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}Z"
                       if slot.second or slot.microsecond else f"{slot.astimezone(timezone.utc):%Y-%m-%d %H:%M}Z",
-                      f"[yellow]{note}[/yellow]" if note else "")
+                      render.cell(note, style="yellow") if note else "")
     return table
 
 
@@ -145,7 +145,7 @@ def next_slots(job: str | None, schedule: str | None, time_zone: str | None, cou
         return
     out = render.console()
     what = f"job {job}: " if job is not None else ""
-    out.print(f"{what}{schedule!r} in {time_zone}: {words}", markup=False, highlight=False)
+    out.print(render.cell(f"{what}{schedule!r} in {time_zone}: {words}"))
     if paused:
         out.print(f"paused: none of these runs until `jobledger resume {job}`", markup=False, highlight=False)
     if not slots:

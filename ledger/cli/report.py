@@ -16,7 +16,6 @@ as the rows come, a table is printed in pages of ``TABLE_PAGE`` rows.
 from __future__ import annotations
 
 import csv
-import json
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
@@ -99,8 +98,7 @@ def _print(rows: ReportRows, output: str) -> None:
     if output == "json":
         count = 0
         for row in rows:
-            record = json.dumps(render.plain(dict(zip(columns, row))), indent=2, ensure_ascii=False,
-                                default=str)
+            record = render.dumps(dict(zip(columns, row)), indent=2, default=str)
             click.echo(("[\n" if count == 0 else ",\n") + "\n".join("  " + line for line in record.splitlines()),
                        nl=False)
             count += 1

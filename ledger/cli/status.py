@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from datetime import timedelta
@@ -13,7 +12,6 @@ import click
 import psycopg
 from rich import box
 from rich.table import Table
-from rich.text import Text
 
 from ledger import lookups, render
 from ledger.cli._options import DURATION, connect, dsn_option, json_option
@@ -74,7 +72,7 @@ def _show(conn: psycopg.Connection[Any], jobs: tuple[str, ...], as_json: bool, f
         alerts = [row for row in alerts if row["job"] in jobs]
     if as_json:
         document = {"jobs": statuses, "alerts": alerts}
-        click.echo(json.dumps(render.plain(document), ensure_ascii=False) if frame else render.to_json(document))
+        click.echo(render.json_line(document) if frame else render.to_json(document))
         return
     out = render.console()
     if not statuses:
@@ -140,11 +138,11 @@ def health(jobs: tuple[str, ...], as_json: bool, dsn: str) -> None:
         for row in rows:
             missed = "-" if row["missed_slots"] is None else (
                 f"{'>=' if row['missed_slots_capped'] else ''}{row['missed_slots']}")
-            table.add_row(str(row["job"]),
-                          Text(str(row["state"]), style="green" if row["state"] in HEALTHY else "bold red"),
+            table.add_row(render.cell(row["job"]),
+                          render.cell(row["state"], style="green" if row["state"] in HEALTHY else "bold red"),
                           render.relative(row["since"], now) if row["since"] is not None else "-", missed,
                           render.relative(row["last_success_at"], now) if row["last_success_at"] else "never",
-                          str(row["reason"]))
+                          render.cell(row["reason"]))
         out.print(table)
     if any(row["state"] not in HEALTHY for row in rows):
         sys.exit(1)
