@@ -57,6 +57,7 @@ from typing import IO, Any
 import psycopg
 
 from ledger import queries
+from ledger._backoff import BACKOFF_CAP, backoff_delay  # noqa: F401 - BACKOFF_CAP: kept importable here
 from ledger.client import Ledger, RunContext
 from ledger.durations import format_duration
 from ledger.errors import InvalidArgument, LeaseLost, LedgerError
@@ -89,7 +90,6 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 TAIL_BYTES = 64 * 1024  # kept from CMD's stderr
 ERROR_CHARS = 2000  # of which the run's error keeps this many
 _POLL = 0.05
-BACKOFF_CAP = timedelta(minutes=10)  # the longest wait between two attempts (unless --backoff is longer)
 
 
 @dataclass(frozen=True)
@@ -136,12 +136,6 @@ class _Ending:
         """CMD's own failure or a timeout: another attempt may succeed (a lost lease, a cancellation or a
         CMD that could not start is not tried again)."""
         return self.failed and not self.lost and self.cancelled_by is None and not self.unstartable
-
-
-def backoff_delay(backoff: timedelta, retry: int) -> timedelta:
-    """The wait before retry number ``retry`` (1 = the first): ``backoff`` doubled each time, at most
-    :data:`BACKOFF_CAP`, or ``backoff`` itself when that is longer."""
-    return min(backoff * (1 << min(retry - 1, 30)), max(BACKOFF_CAP, backoff))
 
 
 def exit_code(returncode: int) -> int:

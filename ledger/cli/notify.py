@@ -1,5 +1,11 @@
 """`jobledger notify --webhook URL`: every alert raised and cleared, POSTed to a webhook as it happens.
 
+The URL: ``--webhook URL``, or ``--webhook-file PATH`` (the file holds it on
+one line), else ``LEDGER_WEBHOOK_URL``; the last two keep it out of the
+command line, which ``ps`` shows to every user. Both options at once is a
+usage error; either wins over the variable (as ``--dsn`` over
+``LEDGER_DSN``). Nothing prints more of it than its scheme, host and port.
+
 The loop is the one `jobledger watch` follows the events with
 (``ledger.tail.Follower``), over the alert events only; the POST and its
 retries are ``ledger.webhook``'s. The cursor lives in the process: a
@@ -17,16 +23,16 @@ import tempfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import click
+from click.core import ParameterSource
 
 from ledger.cli._options import DURATION, connect, dsn_option
 from ledger.cli._output import OneLineUsageError, say, stopped_by_signals
 from ledger.durations import format_duration
 from ledger.models import ALERT_KINDS
 from ledger.tail import EventCursor, Follower, Gap
-from ledger.webhook import deliver, shown_url
+from ledger.webhook import deliver, shown_url, url_problem
 
 MAX_RETRIES = 100
 
@@ -52,17 +58,44 @@ def _gap(item: Any, after: int) -> Gap | None:
     return Gap(first, last, seen.timestamp(), horizon)
 
 
-def _webhook(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """The option's callback: an http or https URL with a host."""
+WEBHOOK_VARIABLE = "LEDGER_WEBHOOK_URL"
+
+
+def _webhook_url(ctx: click.Context, url: str | None, webhook_file: Path | None) -> str:
+    """The webhook's URL, from --webhook, --webhook-file or LEDGER_WEBHOOK_URL, checked; a usage error
+    (exit 2, one line that shows no more of the URL than its scheme, host and port) when it cannot be one."""
+    from_option = url is not None and ctx.get_parameter_source("url") is not ParameterSource.ENVIRONMENT
+    if from_option and webhook_file is not None:
+        raise OneLineUsageError("--webhook and --webhook-file both give the webhook: give one")
+    if webhook_file is not None:
+        url, subject = _read_webhook_file(webhook_file), f"the URL in the webhook file {webhook_file}"
+    elif url is not None:
+        subject = "the --webhook URL" if from_option else WEBHOOK_VARIABLE
+    else:
+        raise OneLineUsageError(f"Missing option '--webhook': give the URL as --webhook URL, --webhook-file PATH "
+                                f"(the URL on one line) or {WEBHOOK_VARIABLE} (the last two keep it out of the "
+                                "command line, which ps shows)")
+    url = url.strip()
+    shown = shown_url(url)
+    problem = url_problem(url, f"{subject} ({shown})" if shown else subject)
+    if problem is not None:
+        raise OneLineUsageError(problem)
+    return url
+
+
+def _read_webhook_file(path: Path) -> str:
     try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 - a port that is not a number raises here
-    except ValueError as error:
-        raise click.BadParameter(f"cannot read {value!r} as a URL: {error}", ctx, param) from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise click.BadParameter(f"{value!r} is not an http or https URL with a host "
-                                 "(https://hooks.example.com/ledger)", ctx, param)
-    return value
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise OneLineUsageError(f"cannot read the webhook file {path}: {why}") from None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise OneLineUsageError(f"the webhook file {path} is empty: write the webhook's URL in it")
+    if len(lines) > 1:
+        raise OneLineUsageError(f"the webhook file {path} holds {len(lines)} lines: write the webhook's URL "
+                                "in it on one line, alone")
+    return lines[0]
 
 
 class StateFile:
@@ -163,8 +196,13 @@ class StateFile:
 
 
 @click.command()
-@click.option("--webhook", "url", required=True, callback=_webhook, metavar="URL",
-              help="Where each alert event is POSTed as JSON (http or https).")
+@click.option("--webhook", "url", envvar=WEBHOOK_VARIABLE, show_envvar=True, default=None, metavar="URL",
+              help="Where each alert event is POSTed as JSON (http or https). The command line is shown by ps: "
+                   "prefer --webhook-file, or the variable.")
+@click.option("--webhook-file", "webhook_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="PATH",
+              help=f"Read the webhook's URL from PATH (one line); it wins over {WEBHOOK_VARIABLE}, and "
+                   "--webhook with it is a usage error.")
 @click.option("--job", default=None, help="Only JOB's alerts.")
 @click.option("--interval", type=DURATION, default="30s", show_default=True,
               help="How often it syncs the alerts (ledger.sync_alerts) and reads the new alert events.")
@@ -174,7 +212,8 @@ class StateFile:
 @click.option("--backoff", type=DURATION, default="2s", show_default=True,
               help="Wait before the first retry; doubled after each one, at most 10m (or --backoff when longer).")
 @click.option("--timeout", type=DURATION, default="10s", show_default=True,
-              help="How long a POST may wait for the connection, and for each read of the answer.")
+              help="How long one attempt may take in all: connecting, sending, and the whole answer; past it "
+                   "the attempt is a timeout, tried again.")
 @click.option("--after", type=click.IntRange(min=0), default=None, metavar="EVENT_ID",
               help="Deliver the alert events after this one first; default: only those after the newest event "
                    "at start, or after the position in --state-file.")
@@ -189,8 +228,9 @@ class StateFile:
               help="One poll: sync the alerts, deliver what is new, exit; exit code 1 when a delivery was given up.")
 @dsn_option
 @click.pass_context
-def notify(ctx: click.Context, url: str, job: str | None, interval: timedelta, retries: int, backoff: timedelta,
-           timeout: timedelta, after: int | None, state_path: Path | None, once: bool, dsn: str) -> None:
+def notify(ctx: click.Context, url: str | None, webhook_file: Path | None, job: str | None, interval: timedelta,
+           retries: int, backoff: timedelta, timeout: timedelta, after: int | None, state_path: Path | None,
+           once: bool, dsn: str) -> None:
     """POST every alert raised and cleared (the alert_raised and alert_cleared events) to a
     webhook, as it happens, until Ctrl-C or SIGTERM (exit 0).
 
@@ -198,11 +238,15 @@ def notify(ctx: click.Context, url: str, job: str | None, interval: timedelta, r
     (`ledger.sync_alerts`) and POSTs each new alert event, oldest first, as JSON
     (Content-Type: application/json): {"event_id", "at", "kind", "job", "run_id",
     "alert", "message", "since", "detail"}. An event is delivered by a 2xx answer,
-    or given up after --retries; then the next one goes. One line on stderr per
-    attempt. Delivery is at least once: an event may come twice (an answer lost on
-    its way back, a restart with --after, a stop during its delivery), so the
-    receiver deduplicates by event_id.
+    or given up after --retries; then the next one goes, so a receiver that does not
+    answer holds the next alerts back at most (--retries + 1) × --timeout plus the
+    backoffs. One line on stderr per attempt, the URL shown as its scheme, host and
+    port only (a user and password in it are sent as basic authentication).
+    Delivery is at least once: an event may come twice (an answer lost on its way
+    back, a restart with --after, a stop during its delivery), so the receiver
+    deduplicates by event_id.
     """
+    url = _webhook_url(ctx, url, webhook_file)
     state = StateFile(state_path) if state_path is not None else None
     saved = state.load() if state is not None else None
     if saved is not None and after is not None:
