@@ -125,3 +125,10 @@ def snapshot(conn: psycopg.Connection[Any], schema: str = "ledger") -> Snapshot:
 def snapshot_of(dsn: str, schema: str = "ledger") -> Snapshot:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return snapshot(conn, schema)
+
+
+def without_functions(snapshot: Snapshot, names: set[str]) -> Snapshot:
+    """The snapshot less the functions named: what a downgrade leaves in place on purpose
+    (a revision's functions stay for the calls in flight across it; tools/draft_revision.py)."""
+    return {section: [row for row in rows if not (section == "functions" and row[0] in names)]
+            for section, rows in snapshot.items()}

@@ -464,6 +464,6 @@ BEGIN
 END
 $function$;
 
-DROP FUNCTION ledger._alert_sync_idle_limit();
-
-DROP FUNCTION ledger._ddl_lock_wait();
+-- Left in place for the calls in flight across this change (no body here calls them):
+--   ledger._alert_sync_idle_limit()
+--   ledger._ddl_lock_wait()
