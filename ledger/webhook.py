@@ -29,7 +29,7 @@ from ledger import __version__
 from ledger.durations import format_duration
 from ledger.models import Event
 from ledger.text import first_line
-from ledger.wrapper import BACKOFF_CAP, backoff_delay
+from ledger.backoff import BACKOFF_CAP, backoff_delay
 
 __all__ = ["RETRIED_4XX", "Delivery", "deliver", "payload", "shown_url"]
 

@@ -33,7 +33,7 @@ ttl/3), and ends the run with CMD's verdict.
   ``start_run`` for the same slot, under the same lease rules: another owner
   holding the job, or the slot done meanwhile, ends the retries). Between
   attempts the wrapper waits B, doubled after each attempt, at most
-  :data:`BACKOFF_CAP` (or B when longer); a signal then ends the retries.
+  :data:`ledger.backoff.BACKOFF_CAP` (or B when longer); a signal then ends the retries.
 - CMD's stderr passes through; its tail (bounded) goes into the run's error.
 
 Exit codes are in :data:`EXIT_CODES` (and the README).
@@ -57,9 +57,10 @@ from typing import IO, Any
 import psycopg
 
 from ledger import queries
+from ledger.backoff import backoff_delay
 from ledger.client import Ledger, RunContext
 from ledger.durations import format_duration
-from ledger.errors import InvalidArgument, LeaseLost, LedgerError
+from ledger.errors import InvalidArgument, LeaseLost, LedgerError, missing_ledger
 from ledger.heartbeat import LOST_REASONS
 from ledger.text import first_line
 
@@ -89,7 +90,6 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 TAIL_BYTES = 64 * 1024  # kept from CMD's stderr
 ERROR_CHARS = 2000  # of which the run's error keeps this many
 _POLL = 0.05
-BACKOFF_CAP = timedelta(minutes=10)  # the longest wait between two attempts (unless --backoff is longer)
 
 
 @dataclass(frozen=True)
@@ -136,12 +136,6 @@ class _Ending:
         """CMD's own failure or a timeout: another attempt may succeed (a lost lease, a cancellation or a
         CMD that could not start is not tried again)."""
         return self.failed and not self.lost and self.cancelled_by is None and not self.unstartable
-
-
-def backoff_delay(backoff: timedelta, retry: int) -> timedelta:
-    """The wait before retry number ``retry`` (1 = the first): ``backoff`` doubled each time, at most
-    :data:`BACKOFF_CAP`, or ``backoff`` itself when that is longer."""
-    return min(backoff * (1 << min(retry - 1, 30)), max(BACKOFF_CAP, backoff))
 
 
 def exit_code(returncode: int) -> int:
@@ -333,6 +327,8 @@ class Wrapper:
                 hint = ""
                 if isinstance(error, InvalidArgument) and "ttl is required" in message:
                     hint = f" (pass --ttl, or register it: jobledger register {self._options.job} --ttl ...)"
+                elif missing_ledger(error):
+                    hint = " (this database has no ledger, or an older one: run `jobledger install`)"
                 self._say(f"error: {message}{hint}")
                 return EXIT_LEDGER_ERROR
 
