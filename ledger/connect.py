@@ -95,6 +95,11 @@ MAX_CALL_TIMEOUT = 30.0
 DEFAULT_CALL_TIMEOUT = 10.0  # before the ttl is known (a start with the job's registered ttl)
 CALL_GRACE = 1.0  # the client-side bound is the statement timeout plus this
 
+#: What a failed connection attempt raises: psycopg's OperationalError, or the UnicodeError of a
+#: host name that cannot be looked up at all (an empty label, ``db..example``, or one over 63
+#: characters: psycopg resolves the name itself and lets the ``idna`` codec's error through).
+UNREACHABLE: tuple[type[Exception], ...] = (psycopg.OperationalError, UnicodeError)
+
 
 def call_bounds(timeout: float, bound: float | None) -> tuple[float, float]:
     """(statement timeout, client-side limit) of one call; ``bound``: neither may go past it (seconds)."""
@@ -144,7 +149,7 @@ def connect(conninfo: str, *, prepare_threshold: int | None = PREPARE_THRESHOLD,
     kwargs = connection_kwargs(conninfo, prepare_threshold=prepare_threshold, autocommit=autocommit, **extra)
     try:
         return psycopg.Connection.connect(conninfo, **kwargs)
-    except psycopg.OperationalError as error:
+    except UNREACHABLE as error:
         raise unavailable(conninfo, error, extra) from error
 
 
@@ -154,7 +159,7 @@ async def connect_async(conninfo: str, *, prepare_threshold: int | None = PREPAR
     kwargs = connection_kwargs(conninfo, prepare_threshold=prepare_threshold, autocommit=autocommit, **extra)
     try:
         return await psycopg.AsyncConnection.connect(conninfo, **kwargs)
-    except psycopg.OperationalError as error:
+    except UNREACHABLE as error:
         raise unavailable(conninfo, error, extra) from error
 
 
@@ -193,7 +198,7 @@ def open_pool(pool: ConnectionPool[Any]) -> None:
     conninfo, kwargs = _pool_target(pool.conninfo, pool.kwargs)
     try:
         psycopg.Connection.connect(conninfo, **kwargs).close()
-    except psycopg.OperationalError as error:
+    except UNREACHABLE as error:
         raise unavailable(conninfo, error, kwargs) from error
     try:
         pool.open(wait=True, timeout=POOL_OPEN_TIMEOUT)
@@ -206,7 +211,7 @@ async def open_async_pool(pool: AsyncConnectionPool[Any]) -> None:
     conninfo, kwargs = _pool_target(pool.conninfo, pool.kwargs)
     try:
         probe = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
-    except psycopg.OperationalError as error:
+    except UNREACHABLE as error:
         raise unavailable(conninfo, error, kwargs) from error
     await probe.close()
     try:
@@ -238,6 +243,8 @@ def unavailable(conninfo: str, error: BaseException, kwargs: Mapping[str, Any] |
     dbname = params.get("dbname") or os.environ.get("PGDATABASE")
     user = params.get("user") or os.environ.get("PGUSER")
     reason = first_line(error)
+    if isinstance(error, UnicodeError):
+        reason = f"not a host name that can be looked up ({reason})"
     facts = {"host": host, "port": port, "dbname": dbname, "user": user}
     return LedgerUnavailable(f"{what} at host {host}, port {port}: {reason}", facts)
 

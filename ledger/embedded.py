@@ -133,7 +133,7 @@ def ensure_database(server_dsn: str, database: str, *, fresh: bool = False) -> N
     with psycopg.connect(maintenance, autocommit=True) as conn:
         if fresh:
             conn.execute(sql.SQL(queries.DROP_DATABASE).format(sql.Identifier(database)))
-        elif conn.execute(queries.DATABASE_EXISTS, {"database": database}).fetchone():
+        elif conn.execute(queries.DATABASE_EXISTS, {"database": database}).fetchone() is not None:
             return
         try:
             conn.execute(sql.SQL(queries.CREATE_DATABASE).format(sql.Identifier(database)))

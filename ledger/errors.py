@@ -122,6 +122,23 @@ def translate(error: psycopg.Error) -> LedgerError | None:
     return translated
 
 
+# A name that does not exist: a schema (3F000), a relation (42P01), a function (42883), a role (42704).
+_UNDEFINED = frozenset({"3F000", "42P01", "42883", "42704"})
+# How the ledger's own names appear in those messages: schema "ledger", relation "ledger.jobs",
+# function ledger.start_run(...), role "ledger_reader".
+_LEDGER_NAMES = ('"ledger"', "ledger.", '"ledger_owner"', '"ledger_client"', '"ledger_reader"')
+
+
+def missing_ledger(error: BaseException) -> bool:
+    """Whether ``error`` says that this database has no ledger, or an older one than this package's:
+    a name of the ledger (its schema, a relation or function in it, one of its roles) does not exist.
+    Installing, or upgrading, is the fix (``ledger.migrate.upgrade``, ``jobledger install``)."""
+    if not isinstance(error, psycopg.Error) or error.sqlstate not in _UNDEFINED:
+        return False
+    message = error.diag.message_primary or str(error)
+    return any(name in message for name in _LEDGER_NAMES)
+
+
 class LeaseLost(LedgerError):
     """Client side: this run or lease context knows its lease is gone.
 

@@ -5,7 +5,7 @@ database, so any number of exporters agree and a restart loses nothing). Each
 scrape opens a connection (or takes one from a pool: the dashboard's), reads
 ``ledger.job_status``, ``ledger.run_stats`` and ``ledger.alerts`` in one
 read-only transaction as ``ledger_reader`` (see
-:func:`ledger.report.read_only_transaction`), and closes it (or gives it back).
+:func:`ledger.readonly.read_only_transaction`), and closes it (or gives it back).
 
 Metrics (labels in braces):
 
@@ -60,7 +60,7 @@ from prometheus_client.utils import floatToGoString
 
 from ledger import queries
 from ledger.models import JobStatus
-from ledger.report import read_only_transaction
+from ledger.readonly import read_only_transaction
 
 __all__ = [
     "ALERT_KINDS",

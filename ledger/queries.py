@@ -341,7 +341,7 @@ DATABASE_NOW = "SELECT clock_timestamp()"
 JOB_RUN_OPTIONS = "SELECT j.schedule IS NOT NULL, j.max_runtime FROM ledger.jobs AS j WHERE j.job = %(job)s"
 
 # The embedded server's database: templates for psycopg.sql (the {} is an Identifier).
-DATABASE_EXISTS = "SELECT FROM pg_database WHERE datname = %(database)s"
+DATABASE_EXISTS = "SELECT true FROM pg_database WHERE datname = %(database)s"
 
 CREATE_DATABASE = "CREATE DATABASE {}"
 
@@ -386,7 +386,7 @@ SELECT r.run_id, r.slot, r.owner, js.lease_expires_at
 
 # -- the dashboard (ledger.web) ------------------------------------------------
 # Each page of `jobledger web` reads in one read-only transaction as
-# ledger_reader (ledger.report.read_only_transaction: search_path is
+# ledger_reader (ledger.readonly.read_only_transaction: search_path is
 # pg_catalog, so every name is qualified). Every read is bounded: by the job
 # (the log's index on (job, started_at)), by the page's window, by a LIMIT.
 

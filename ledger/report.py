@@ -44,7 +44,7 @@ of 5, the session check (4), the column check (3) and the query:
    is refused unless the caller passes ``allow_superuser=True``
    (``--allow-superuser``). The setup: ``CREATE ROLE reports LOGIN IN ROLE
    ledger_reader;`` and connect as ``reports``.
-5. The database fence (:func:`read_only_transaction`): a READ ONLY
+5. The database fence (:func:`ledger.readonly.read_only_transaction`): a READ ONLY
    transaction under ``SET LOCAL ROLE ledger_reader`` (SELECT on the ledger,
    no EXECUTE on its functions), a ``statement_timeout``, ``search_path``
    pinned to ``pg_catalog``, and a rollback at the end whatever happened. The
@@ -70,12 +70,12 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import pq
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ErrorLevel, ParseError, SqlglotError, TokenError
 from sqlglot import Token, TokenType
 
+from ledger.readonly import READER_ROLE, read_only_transaction
 from ledger.text import first_line
 
 __all__ = [
@@ -104,7 +104,6 @@ __all__ = [
 ]
 
 DIALECT = "postgres"
-READER_ROLE = "ledger_reader"
 ALLOWED_SCHEMAS = frozenset({"ledger", "pg_catalog"})
 DEFAULT_TIMEOUT = timedelta(seconds=5)
 
@@ -1087,39 +1086,3 @@ def _cursor(
         with conn.cursor(name=_CURSOR_NAME) as cursor:
             cursor.execute(text)
             yield ReportRows(cursor, limit, batch_size)
-
-
-@contextmanager
-def read_only_transaction(
-    conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TIMEOUT,
-) -> Iterator[psycopg.Cursor[Any]]:
-    """A cursor in a transaction of its own that can only read, always rolled back.
-
-    READ ONLY, ``SET LOCAL ROLE ledger_reader`` (SELECT on the ledger, no
-    EXECUTE on its functions), ``statement_timeout`` = ``timeout`` per
-    statement, ``search_path`` = pg_catalog, ``jit`` off. InsufficientPrivilege when the
-    connecting user is not a member of ledger_reader. The session comes out
-    as it went in (role, settings). Nothing is prepared (``prepare=False``),
-    so it works through PgBouncer. It does not check the session user:
-    :func:`check_session` does, for the report functions.
-    """
-    if timeout <= timedelta(0):
-        raise ValueError("timeout must be positive")
-    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
-        raise ValueError("a report needs a connection with no transaction open: "
-                         "it runs in a read-only transaction of its own")
-    milliseconds = max(1, round(timeout.total_seconds() * 1000))
-    with conn.transaction(force_rollback=True), conn.cursor() as cur:
-        cur.execute("SET TRANSACTION READ ONLY", prepare=False)
-        cur.execute(f"SET LOCAL ROLE {READER_ROLE}", prepare=False)
-        # jit off: the planner prices the views' PL/pgSQL calls high, so over
-        # a few thousand jobs it would JIT-compile them, and the compilation
-        # took longer than the read (ledger.alerts over 10,000 jobs: 2.5 s
-        # with it, 1.0 s without; BENCHMARKS.md).
-        cur.execute(
-            "SELECT pg_catalog.set_config('statement_timeout', %s, true),"
-            " pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),"
-            " pg_catalog.set_config('standard_conforming_strings', 'on', true),"
-            " pg_catalog.set_config('jit', 'off', true)",
-            (str(milliseconds),), prepare=False)
-        yield cur

@@ -33,7 +33,7 @@ ttl/3), and ends the run with CMD's verdict.
   ``start_run`` for the same slot, under the same lease rules: another owner
   holding the job, or the slot done meanwhile, ends the retries). Between
   attempts the wrapper waits B, doubled after each attempt, at most
-  :data:`BACKOFF_CAP` (or B when longer); a signal then ends the retries.
+  :data:`ledger._backoff.BACKOFF_CAP` (or B when longer); a signal then ends the retries.
 - CMD's stderr passes through; its tail (bounded) goes into the run's error.
 
 Exit codes are in :data:`EXIT_CODES` (and the README).
@@ -60,7 +60,7 @@ from ledger import queries
 from ledger._backoff import BACKOFF_CAP, backoff_delay  # noqa: F401 - BACKOFF_CAP: kept importable here
 from ledger.client import Ledger, RunContext
 from ledger.durations import format_duration
-from ledger.errors import InvalidArgument, LeaseLost, LedgerError
+from ledger.errors import InvalidArgument, LeaseLost, LedgerError, missing_ledger
 from ledger.heartbeat import LOST_REASONS
 from ledger.text import first_line
 
@@ -327,6 +327,8 @@ class Wrapper:
                 hint = ""
                 if isinstance(error, InvalidArgument) and "ttl is required" in message:
                     hint = f" (pass --ttl, or register it: jobledger register {self._options.job} --ttl ...)"
+                elif missing_ledger(error):
+                    hint = " (this database has no ledger, or an older one: run `jobledger install`)"
                 self._say(f"error: {message}{hint}")
                 return EXIT_LEDGER_ERROR
 

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from clihelp import JOBLEDGER, environment, jobledger
 
-from ledger.cli.next import describe, is_cron
+from ledger.schedule_words import describe, is_cron
 from sqlhelp import rows, state, value
 
 ROOT = Path(__file__).resolve().parent.parent

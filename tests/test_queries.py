@@ -67,9 +67,10 @@ def sql_literals(path: Path) -> list[tuple[int, str]]:
 
 STATEMENT = re.compile(r"(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|DROP|ALTER)\s")  # house style: upper case
 # Not the client's statements: the report guard's own session checks (ledger/report.py), the
-# migration runner's bookkeeping (ledger/migrate.py), the per-call statement_timeout prefix
-# (ledger/connect.py), and the CLI's help examples of `jobledger report` (ledger/cli/report.py).
-ELSEWHERE = {"report.py", "migrate.py", "connect.py", "cli/report.py"}
+# read-only transaction's settings (ledger/readonly.py), the migration runner's bookkeeping
+# (ledger/migrate.py), the per-call statement_timeout prefix (ledger/connect.py), and the CLI's
+# help examples of `jobledger report` (ledger/cli/report.py).
+ELSEWHERE = {"report.py", "readonly.py", "migrate.py", "connect.py", "cli/report.py"}
 
 
 def test_every_statement_is_found_and_none_is_written_outside_queries() -> None:

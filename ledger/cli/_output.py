@@ -20,7 +20,7 @@ import click
 import psycopg
 
 from ledger import embedded, queries
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, missing_ledger
 from ledger.text import first_line
 
 
@@ -61,8 +61,16 @@ class Commands(click.Group):
             return super().invoke(ctx)
         except Exception as error:
             if isinstance(error, one_line_errors()):
-                raise click.ClickException(first_line(error)) from error
+                raise click.ClickException(one_line(error)) from error
             raise
+
+
+def one_line(error: BaseException) -> str:
+    """An error in one line; for a database without the ledger (or with an older one), the fix too."""
+    if missing_ledger(error):
+        return (f"this database has no ledger, or an older one ({first_line(error)}): "
+                "run `jobledger install` to install or upgrade it")
+    return first_line(error)
 
 
 class OneLineUsageError(click.UsageError):

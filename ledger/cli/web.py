@@ -9,8 +9,19 @@ import click
 from ledger import embedded
 from ledger.cli._options import DURATION, dsn_source, unresolved_dsn_option
 from ledger.cli._output import OneLineUsageError, say
+from ledger.durations import format_duration
 
 DEFAULT_PORT = 8187
+MIN_REFRESH, MAX_REFRESH = timedelta(seconds=1), timedelta(hours=1)
+
+
+def _whole_seconds(ctx: click.Context, param: click.Parameter, value: timedelta) -> int:
+    """--refresh's callback: the duration in the whole seconds a page counts (as its
+    ``<meta http-equiv="refresh">`` does), 1s to 1h."""
+    seconds = value.total_seconds()
+    if not (MIN_REFRESH <= value <= MAX_REFRESH and seconds == int(seconds)):
+        raise click.BadParameter(f"{format_duration(value)}: give 1s to 1h, in whole seconds (15s, 1m)", ctx, param)
+    return int(seconds)
 
 
 @click.command()
@@ -23,8 +34,8 @@ DEFAULT_PORT = 8187
                    "(it answers with a cookie).")
 @click.option("--basic-auth", envvar="LEDGER_WEB_BASIC_AUTH", show_envvar=True, default=None,
               metavar="USER:PASSWORD", help="Require HTTP basic auth with these credentials.")
-@click.option("--refresh", type=click.IntRange(1, 3600), default=15, show_default=True, metavar="SECONDS",
-              help="How often an open page refreshes itself.")
+@click.option("--refresh", type=DURATION, default="15s", show_default=True, callback=_whole_seconds,
+              help="How often an open page refreshes itself: 1s to 1h, in whole seconds.")
 @click.option("--timeout", type=DURATION, default="5s", show_default=True,
               help="statement_timeout of each read.")
 @click.option("--demo", is_flag=True,

@@ -2,7 +2,7 @@
 
 Starlette, Jinja2 and uvicorn (the ``web`` extra: ``pip install 'pg-job-ledger[web]'``).
 Every page reads in one read-only transaction as ``ledger_reader``
-(:func:`ledger.report.read_only_transaction`, as ``jobledger metrics`` does);
+(:func:`ledger.readonly.read_only_transaction`, as ``jobledger metrics`` does);
 no endpoint writes. One module a job:
 
 - :mod:`ledger.web.app`: the application factory (:func:`~ledger.web.app.create_app`);

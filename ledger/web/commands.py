@@ -67,8 +67,8 @@ def job_commands(status: JobStatus, state: State) -> list[Command]:
         if status.max_backfill is not None:
             register += ["--max-backfill", str(status.max_backfill)]
         found.append(Command("change its definition", _line(*register),
-                             "edit the schedule, zone, ttl or catch-up bound: register replaces the "
-                             "definition, options left out get their defaults"))
+                             "edit the schedule, zone, ttl or catch-up bound: register changes the "
+                             "options given, and options left out are kept as they are"))
     if state != "lease_expired":
         found.append(Command("close crashed runs", _line("jobledger", "reap", job),
                              "marks runs whose lease expired as failed"))

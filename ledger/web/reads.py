@@ -20,7 +20,7 @@ from psycopg_pool import ConnectionPool
 from ledger import queries
 from ledger.connect import make_pool, open_pool
 from ledger.models import JobStatus, Run
-from ledger.report import read_only_transaction
+from ledger.readonly import read_only_transaction
 
 DEFAULT_TIMEOUT = timedelta(seconds=5)
 #: Connections of the pool: pages are read in uvicorn's thread pool, a few at a time.

@@ -1,13 +1,13 @@
 """A job's schedule in plain words: "every 5 minutes", "at 02:30, only on Monday".
 
-The words are ``jobledger next``'s (:func:`ledger.cli.next.describe`: the
-``cron-descriptor`` library for a cron expression, "every 15 minutes" for an
-interval), so the dashboard and the command line say the same thing.
+The words are the library's (:func:`ledger.schedule_words.describe`), the
+ones ``jobledger next`` prints, so the dashboard and the command line say the
+same thing.
 """
 
 from __future__ import annotations
 
-from ledger.cli.next import describe
+from ledger.schedule_words import describe
 
 
 def in_words(schedule: str | None) -> str:
