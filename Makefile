@@ -63,7 +63,7 @@ sql: $(STAMP)
 	@$(PY) -m ledger sql
 
 # The sync client is generated from the async one (tools/async_to_sync.py);
-# tests/test_generated.py, and so `make test`, fails when it is stale.
+# tests/release/test_generated.py, and so `make test`, fails when it is stale.
 sync:
 	$(PYTHON) tools/async_to_sync.py
 

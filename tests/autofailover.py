@@ -25,7 +25,7 @@ a failure:
 
 Both record what they were told (tokens, outcomes, exit codes) with local
 timestamps; ``Facts`` puts that next to what the database says afterwards,
-and its methods name every broken invariant (tests/test_failover.py asserts
+and its methods name every broken invariant (tests/field/test_failover.py asserts
 that each list is empty).
 
 The figures of RELIABILITY.md ("High availability") come from this file run as a script::

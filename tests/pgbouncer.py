@@ -1,4 +1,4 @@
-"""A real PgBouncer in transaction mode in front of the test server, for the tests of tests/test_pgbouncer.py.
+"""A real PgBouncer in transaction mode in front of the test server, for the tests of tests/field/test_pgbouncer.py.
 
 ``pgbouncer`` (session scope) starts ``pgbouncer`` (Debian's 1.18: no
 prepared-statement support) on a free loopback port with ``pool_mode =

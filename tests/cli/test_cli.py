@@ -9,7 +9,6 @@ import shlex
 import signal
 import threading
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -18,6 +17,7 @@ from clihelp import jobledger, runs_of, start, wait_for
 from ledger.cli import main
 from ledger.durations import format_duration, parse_duration
 from ledger.wrapper import EXIT_CODES
+from repo import DOCS
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -67,7 +67,7 @@ def test_every_command_has_help():
 
 
 def test_the_cli_page_documents_every_exit_code_of_run():
-    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    page = (DOCS / "cli.md").read_text()
     section = page.split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
     table = re.findall(r"^\| ([0-9+N-]+) \|", section, re.MULTILINE)
     assert set(EXIT_CODES) <= set(table)
@@ -232,7 +232,7 @@ def _watch(args: list[str], dsn: str, frames: int, is_frame) -> tuple[int, list[
 
 
 def test_the_cli_page_status_watch_redraws_until_ctrl_c(dsn, db):
-    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    page = (DOCS / "cli.md").read_text()
     section = page.split("\n## Watching: `jobledger status --watch`\n", 1)[1].split("\n## ", 1)[0]
     [command] = [line for block in re.findall(r"```sh\n(.*?)```", section, re.S) for line in block.splitlines()
                  if line.startswith("jobledger ")]

@@ -2,7 +2,7 @@
 `jobledger events`, `watch`, `notify` and `configure-events` as real subprocesses on a real
 database, `notify` against a real HTTP server on 127.0.0.1. The examples of docs/cli.md and
 docs/operations.md that these commands run are run here; the client's events methods are tested
-with the client (tests/test_client_async.py). Waits poll for a condition with a generous deadline;
+with the client (tests/client/test_client_async.py). Waits poll for a condition with a generous deadline;
 nothing asserts on a duration."""
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from ledger.cli import main
 from ledger.client import Ledger
 from ledger.models import EVENT_KINDS, Event
 from ledger.tail import EventCursor
+from repo import ROOT
 from sqlhelp import value
 
-ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60.0  # seconds: a condition not reached by then is a hang
 TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d)?Z?")
 
@@ -103,7 +103,7 @@ def json_lines(lines: list[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines if line.startswith("{")]
 
 
-# -- the kinds and the cursor (the client's events methods: tests/test_client_async.py) -------------
+# -- the kinds and the cursor (the client's events methods: tests/client/test_client_async.py) ------
 
 def test_the_event_kinds_are_the_ones_the_table_accepts(db):
     check = value(db, "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'events_kind_valid'")
@@ -242,8 +242,9 @@ def test_configure_events_toggles_the_options_given_and_prints_the_settings(dsn,
 def test_the_cli_page_examples_of_events_and_configure_events_print_what_they_show(dsn, tmp_path):
     page = (ROOT / "docs" / "cli.md").read_text()
     section = page.split("\n## Events\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"<!-- executed by tests/test_cli_events\.py \(the output shown[^>]*-->\n```console\n(.*?)```",
-                        section, re.S)
+    blocks = re.findall(
+        r"<!-- executed by tests/cli/test_cli_events\.py \(the output shown[^>]*-->\n```console\n(.*?)```",
+        section, re.S)
     assert len(blocks) == 2
     script = tmp_path / "backup.sh"
     script.write_text("#!/bin/sh\nexit 0\n")
@@ -577,7 +578,8 @@ def test_the_operations_page_cron_notify_with_a_state_file_sends_each_event_once
         dsn, db, hook, tmp_path):
     page = (ROOT / "docs" / "operations.md").read_text()
     section = page.split("\n## Events and webhooks\n", 1)[1].split("\n## ", 1)[0]
-    [line] = re.findall(r"<!-- executed by tests/test_cli_events\.py[^>]*-->\n```crontab\n(.*?)\n```", section, re.S)
+    [line] = re.findall(r"<!-- executed by tests/cli/test_cli_events\.py[^>]*-->\n```crontab\n(.*?)\n```",
+                        section, re.S)
     words = shlex.split(line)[5:]  # after the five time fields
     assert words[:3] == ["jobledger", "notify", "--once"] and "--state-file" in words and "--webhook" in words
     state = tmp_path / "notify.json"
@@ -702,8 +704,8 @@ def test_notify_after_with_a_state_file_starts_there_once_and_then_is_refused(ds
 def test_the_operations_page_payload_has_the_keys_of_a_real_delivery_and_its_cron_command_runs(dsn, db, hook):
     page = (ROOT / "docs" / "operations.md").read_text()
     section = page.split("\n## Events and webhooks\n", 1)[1].split("\n## ", 1)[0]
-    [example] = re.findall(r"<!-- executed by tests/test_cli_events\.py[^>]*-->\n```json\n(.*?)```", section, re.S)
-    [cron] = re.findall(r"<!-- executed by tests/test_cli_events\.py[^>]*-->\n```sql\n(.*?)```", section, re.S)
+    [example] = re.findall(r"<!-- executed by tests/cli/test_cli_events\.py[^>]*-->\n```json\n(.*?)```", section, re.S)
+    [cron] = re.findall(r"<!-- executed by tests/cli/test_cli_events\.py[^>]*-->\n```sql\n(.*?)```", section, re.S)
     run_once(db, "backup", error="boom")
     command = re.fullmatch(r"SELECT cron\.schedule\('ledger-alerts', '\* \* \* \* \*', '(.*)'\);\n", cron)
     assert command is not None

@@ -16,12 +16,12 @@ import shlex
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from clihelp import JOBLEDGER, environment, jobledger, runs_of, running_run, start, wait_for
 
 from ledger.wrapper import ERROR_CHARS
+from repo import DOCS
 
 # CMD that records its ledger environment as JSON lines in $OUT.
 RECORD_ENV = (
@@ -228,7 +228,7 @@ def test_the_help_of_run_names_the_environment_the_job_aware_fence_needs():
         assert name in text, name
 
 
-CLI_PAGE = Path(__file__).resolve().parent.parent / "docs" / "cli.md"  # its examples marked executed by this file
+CLI_PAGE = DOCS / "cli.md"  # its examples marked executed by this file
 
 
 def _readme_fencing_script() -> str:

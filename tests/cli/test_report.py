@@ -5,7 +5,7 @@ change nothing; the database alone (guard bypassed) still refuses writes and
 enforces the timeout; useful queries give the numbers of a ledger built here
 through the SQL API. Reports run as a reporting login (a member of
 ledger_reader and nothing else, made for the module): a superuser session is
-refused (tests/test_report_limits.py covers that fence, the column checks,
+refused (tests/cli/test_report_limits.py covers that fence, the column checks,
 the size limits and the row limit).
 """
 
@@ -19,7 +19,6 @@ import re
 import time
 import uuid
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Callable
 
 import psycopg
@@ -34,6 +33,7 @@ from ledger.cli import main
 from ledger.report import (
     ALLOWED_FUNCTIONS, ReportRejected, check, load_catalog, read_only_transaction, run_read_only, run_report,
 )
+from repo import DOCS
 from sqlhelp import one, rows, state, value
 
 # -- a ledger with known contents, built once for the module through the SQL API --------
@@ -601,7 +601,7 @@ def test_the_cli_reads_the_query_from_stdin(reader_dsn):
 
 
 def test_the_report_examples_of_the_docs_pass_the_guard_and_run(reader):
-    text = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    text = (DOCS / "operations.md").read_text()
     section = text.split("\n## Reports\n", 1)[1].split("\n## ", 1)[0]
     examples = re.findall(r'^jobledger report (?:--format \w+ )?"(.*?)"$', section, re.M | re.S)
     assert len(examples) >= 6

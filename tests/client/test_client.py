@@ -1,5 +1,5 @@
-# Generated from tests/test_client_async.py by tools/async_to_sync.py ('make sync'): do not edit.
-# Edit tests/test_client_async.py and run 'make sync'; CI fails when this file is stale.
+# Generated from tests/client/test_client_async.py by tools/async_to_sync.py ('make sync'): do not edit.
+# Edit tests/client/test_client_async.py and run 'make sync'; CI fails when this file is stale.
 """The sync Python client against a real PostgreSQL: run and lease contexts,
 heartbeats, lease loss, fencing, errors, and no leaks."""
 

@@ -30,7 +30,7 @@ from ledger.errors import translate
 
 if ASYNC:
     # This file is the one source of the client's behaviour tests: tools/async_to_sync.py
-    # writes tests/test_client.py from it ('make sync'), as it writes ledger/client.py
+    # writes tests/client/test_client.py from it ('make sync'), as it writes ledger/client.py
     # from ledger/aio.py. `if ASYNC:` blocks hold what only the asyncio client does,
     # their `else:` what only the sync client does (so each file has exactly its
     # flavour's tests); the async fixtures below are the twins of conftest.py's

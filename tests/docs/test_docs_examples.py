@@ -35,11 +35,11 @@ import pytest
 from clihelp import JOBLEDGER, environment, runs_of
 
 from ledger.resources import sql_files
+from repo import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SCHEDULES = any("ledger.start_due_run" in path.read_text() for path in sql_files())
 EXECUTED = ("python", "sql")
-THIS = "tests/test_docs_examples.py"
+THIS = "tests/docs/test_docs_examples.py"
 
 # Blocks executed before the examples moved out of the README into docs/:
 # README.md's 6 python, 2 sql, its `jobledger run` fencing script, crontab and

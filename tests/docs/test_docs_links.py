@@ -18,7 +18,8 @@ from urllib.parse import unquote
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo import ROOT
+
 ROOT_PAGES = ("RELIABILITY.md", "BENCHMARKS.md", "CHANGELOG.md")
 HOME_END = "<!-- end of the site's home page"  # docs/index.md includes README.md up to here
 

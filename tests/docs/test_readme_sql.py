@@ -1,7 +1,7 @@
 """The SQL tour's examples (docs/sql.md) run, as written, through psql.
 
-The page marks them ``<!-- executed by tests/test_readme_sql.py -->`` (the rule
-is in tests/test_docs_examples.py). The file keeps its name from when the tour
+The page marks them ``<!-- executed by tests/docs/test_readme_sql.py -->`` (the rule
+is in tests/docs/test_docs_examples.py). The file keeps its name from when the tour
 was in the README: tests/matrix.py runs it on every PostgreSQL version.
 """
 
@@ -20,7 +20,7 @@ SCHEDULES = "Schedules and bounded catch-up"
 def sql_blocks(heading: str) -> list[str]:
     """The page's sql blocks under ``## heading`` that this file is marked to run."""
     return [block.body for block in page_blocks(PAGE)
-            if block.lang == "sql" and block.section == heading and block.executed_by == "tests/test_readme_sql.py"]
+            if block.lang == "sql" and block.section == heading and block.executed_by == "tests/docs/test_readme_sql.py"]
 
 
 @pytest.mark.parametrize("heading", [RUN, SCHEDULES])

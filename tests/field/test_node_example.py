@@ -24,7 +24,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "node"
+from repo import ROOT
+
+EXAMPLE = ROOT / "examples" / "node"
 NODE = shutil.which("node")
 NPM = shutil.which("npm")
 

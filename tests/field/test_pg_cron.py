@@ -30,6 +30,7 @@ import psycopg
 import pytest
 
 from cluster import Cluster, _bindir
+from repo import ROOT
 from sqlhelp import one, rows, state, value
 
 TIMEOUT = 60.0          # seconds: a condition not reached by then is a hang
@@ -602,7 +603,7 @@ def test_a_cron_command_fences_its_write_with_the_token_and_a_stale_token_is_ref
                for d in cron_run.details("fenced-stale"))
 
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "pg_cron.md"
+DOCS = ROOT / "docs" / "pg_cron.md"
 
 
 @pytest.mark.cluster

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo import ROOT
+
 
 # The rows of issue 14's table, the folded fence, the events' cost, the Python client and the references.
 EXPECTED = {

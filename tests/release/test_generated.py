@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo import ROOT
+
 sys.path.insert(0, str(ROOT / "tools"))
 
 import async_to_sync as generator  # noqa: E402

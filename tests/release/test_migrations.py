@@ -30,8 +30,8 @@ from sqlalchemy.pool import NullPool
 from catalog import Snapshot, snapshot_of
 from cluster import cluster_root  # noqa: F401  (fixture)
 from ledger import migrate, resources
+from repo import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 FROZEN_0001 = resources.migrations_dir() / "versions" / "0001_initial.sql"
 _counter = itertools.count()
 

@@ -26,7 +26,6 @@ import re
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -57,9 +56,10 @@ from fuzzhelp import (
     strategy_for,
     zones,
 )
+from repo import DOCS
 from sqlhelp import value
 
-CONTRACT = Path(__file__).resolve().parent.parent / "docs" / "contract.md"
+CONTRACT = DOCS / "contract.md"
 
 # The public functions, as docs/contract.md lists them; the first test checks
 # that the catalog has exactly these (a new function must be fuzzed too).

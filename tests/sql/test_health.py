@@ -9,12 +9,12 @@ import shlex
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import psycopg
 import pytest
 
 from clihelp import jobledger
+from repo import DOCS
 from sqlhelp import one, rows, value
 
 
@@ -258,8 +258,8 @@ def test_jobledger_register_changes_only_the_options_given(dsn):
 
 
 def test_the_cli_page_example_runs_and_prints_what_it_shows(dsn):
-    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
-    [block] = re.findall(r"<!-- executed by tests/test_health\.py[^>]*-->\n```console\n(.*?)```", page, re.S)
+    page = (DOCS / "cli.md").read_text()
+    [block] = re.findall(r"<!-- executed by tests/sql/test_health\.py[^>]*-->\n```console\n(.*?)```", page, re.S)
     steps: list[tuple[str, list[str]]] = []
     for line in block.splitlines():
         if line.startswith("$ "):

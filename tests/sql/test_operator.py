@@ -9,7 +9,6 @@ import re
 import threading
 import time
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -17,9 +16,8 @@ import pytest
 from clihelp import jobledger, running_run, runs_of, start, wait_for
 from ledger.client import Ledger
 from ledger.errors import LeaseLost, LeaseSuperseded
+from repo import ROOT
 from sqlhelp import one, value
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def started(db: psycopg.Connection, job: str, owner: str = "h", ttl: str = "1 hour") -> dict:
@@ -134,7 +132,7 @@ def test_the_operator_functions_refuse_bad_input_and_change_nothing(db):
 
 def test_the_operations_page_example_runs(dsn):
     page = (ROOT / "docs" / "operations.md").read_text()
-    [block] = re.findall(r"<!-- executed by tests/test_operator\.py[^>]*-->\n```console\n(.*?)```", page, re.S)
+    [block] = re.findall(r"<!-- executed by tests/sql/test_operator\.py[^>]*-->\n```console\n(.*?)```", page, re.S)
     commands = [line[2:] for line in block.splitlines() if line.startswith("$ ")]
     assert [c.split()[1] for c in commands] == ["run", "cancel", "release", "unregister"]
     import shlex

@@ -16,16 +16,15 @@ import re
 import shlex
 import subprocess
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import psycopg
 import pytest
 from clihelp import JOBLEDGER, environment, jobledger
 
 from ledger.cli.next import describe, is_cron
+from repo import ROOT
 from sqlhelp import rows, state, value
 
-ROOT = Path(__file__).resolve().parent.parent
 UTC = timezone.utc
 BERLIN = "Europe/Berlin"
 
@@ -224,7 +223,7 @@ def test_one_signature_each_security_definer_and_callable_by_client_and_reader(d
 
 def _marked_blocks(page: str, lang: str) -> list[str]:
     text = (ROOT / page).read_text()
-    pattern = rf"<!-- executed by tests/test_preview\.py[^>]*-->\n```{lang}\n(.*?)```"
+    pattern = rf"<!-- executed by tests/sql/test_preview\.py[^>]*-->\n```{lang}\n(.*?)```"
     return re.findall(pattern, text, re.S)
 
 

@@ -10,7 +10,6 @@ import calendar
 import os
 import re
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import psycopg
@@ -19,8 +18,8 @@ from croniter import croniter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pytest_postgresql.janitor import DatabaseJanitor
+from repo import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SQL_FILE = ROOT / "sql" / "15_schedule_eval.sql"
 
 

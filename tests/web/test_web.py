@@ -2,7 +2,7 @@
 
 The dashboard runs in this process (uvicorn in a thread, a free loopback
 port) against a ledger seeded through the SQL API (tests/webseed.py); the
-real browser's tests are tests/test_web_browser.py.
+real browser's tests are tests/web/test_web_browser.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ to a job to a run, pick up a run's end without a reload, and show a job named
 
 Screenshots of each page are written to the test's tmp_path; with
 LEDGER_WEB_SCREENSHOTS=DIR they are also written to DIR, as the docs' copies
-(``LEDGER_WEB_SCREENSHOTS=docs/images .venv/bin/python -m pytest tests/test_web_browser.py``).
+(``LEDGER_WEB_SCREENSHOTS=docs/images .venv/bin/python -m pytest tests/web/test_web_browser.py``).
 
 Needs ``chromium`` (Debian: ``apt-get install chromium chromium-driver``)
 and the ``playwright`` Python package; Playwright downloads no browser here,
