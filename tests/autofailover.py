@@ -60,6 +60,8 @@ from typing import Any
 
 import psycopg
 
+from waiting import wait_for
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 TWO_32 = 2**32
@@ -279,12 +281,8 @@ class Formation:
         self.wait(self.stable, timeout, "a primary and a secondary")
 
     def wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"waited {timeout:.0f}s for {what}; monitor says {self._safe_states()}\n"
-                                   + self.tail_logs())
-            time.sleep(0.25)
+        wait_for(predicate, timeout, what, interval=0.25,
+                 explain=lambda: f"monitor says {self._safe_states()}\n{self.tail_logs()}")
 
     def _safe_states(self) -> Any:
         try:
@@ -661,15 +659,17 @@ class Load:
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float, what: str,
                    describe: Callable[[], str] = lambda: "") -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
+        """wait_for, failing at once when a Python client exited."""
+        def holds() -> bool:
+            if predicate():
+                return True
             for name, client in self.clients.items():
                 if client.poll() is not None:
                     raise AssertionError(f"python client {name} exited ({client.returncode}) while waiting for {what}"
                                          f": {(self.workdir / f'py-{self.tag}-{name}.log').read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"waited {timeout:.0f}s for {what}; {describe()}")
-            time.sleep(0.2)
+            return False
+
+        wait_for(holds, timeout, what, interval=0.2, explain=describe)
 
     def facts(self, failed_at: float, recovered_at: float, promoted: bool) -> Facts:
         with _retrying_connect(self.dsn) as conn:

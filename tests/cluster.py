@@ -12,13 +12,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from ledger.migrate import install_script
+from waiting import wait_for
 
 
 def _bindir() -> Path | None:
@@ -88,18 +88,16 @@ class Cluster:
         with self.connect() as conn:
             conn.execute(install_script())  # type: ignore[arg-type]
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        def writable() -> bool:
             try:
                 with self.connect() as conn:
-                    if not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:  # type: ignore[index]
-                        return
+                    return not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]  # type: ignore[index]
             except psycopg.OperationalError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"cluster on port {self.port} not ready: {self.logfile.read_text()[-2000:]}")
-            time.sleep(0.1)
+                return False
+
+        wait_for(writable, timeout, f"the cluster on port {self.port} to accept writes", interval=0.1,
+                 explain=lambda: self.logfile.read_text()[-2000:])
 
 
 @pytest.fixture

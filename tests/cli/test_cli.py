@@ -12,12 +12,13 @@ from datetime import timedelta
 
 import pytest
 from click.testing import CliRunner
-from clihelp import jobledger, runs_of, start, wait_for
+from clihelp import jobledger, runs_of, start
 
 from ledger.cli import main
 from ledger.durations import format_duration, parse_duration
 from ledger.wrapper import EXIT_CODES
 from repo import DOCS
+from waiting import wait_for
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from clihelp import JOBLEDGER, environment, jobledger, start, wait_for
+from clihelp import JOBLEDGER, environment, jobledger, start
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ledger.cli import main
@@ -34,6 +34,7 @@ from ledger.models import EVENT_KINDS, Event
 from ledger.tail import EventCursor
 from repo import ROOT
 from sqlhelp import value
+from waiting import wait_for
 
 TIMEOUT = 60.0  # seconds: a condition not reached by then is a hang
 TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d)?Z?")

@@ -18,10 +18,11 @@ import subprocess
 import time
 
 import pytest
-from clihelp import JOBLEDGER, environment, jobledger, runs_of, running_run, start, wait_for
+from clihelp import JOBLEDGER, environment, jobledger, runs_of, running_run, start
 
 from ledger.wrapper import ERROR_CHARS
 from repo import DOCS
+from waiting import wait_for
 
 # CMD that records its ledger environment as JSON lines in $OUT.
 RECORD_ENV = (

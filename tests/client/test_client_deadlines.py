@@ -24,7 +24,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from clihelp import environment, runs_of, start, wait_for
+from clihelp import environment, runs_of, start
 from psycopg.conninfo import conninfo_to_dict
 from tcp_proxy import TcpProxy
 
@@ -34,6 +34,7 @@ from ledger.client import fence
 from ledger.errors import LedgerUnavailable
 from ledger.client import Heartbeat
 from ledger.heartbeat import Deadline, LeaseState, Renewal
+from waiting import wait_for
 
 TTL = timedelta(seconds=2)
 PATIENCE = 30.0  # seconds any poll may wait: generous, never asserted as a bound

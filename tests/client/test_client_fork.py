@@ -12,6 +12,7 @@ import pytest
 
 from ledger import Ledger
 from ledger._acompat import parked
+from waiting import wait_for
 
 HEARTBEAT = "SELECT heartbeat_at FROM ledger.job_execution_log WHERE run_id = %s"
 
@@ -38,10 +39,8 @@ def test_a_forked_childs_runs_heartbeat_although_the_parent_had_the_timer_and_th
     with Ledger(dsn, owner="parent") as ledger:
         with ledger.run("warm", ttl=timedelta(seconds=30), heartbeat_interval=timedelta(milliseconds=20)):
             time.sleep(0.1)  # its heartbeat thread beats, then parks; the timer's thread runs
-    deadline = time.monotonic() + 5
-    while parked() == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert parked() > 0  # what the child would hand its heartbeat to, were it not reset
+    # what the child would hand its heartbeat to, were it not reset
+    wait_for(lambda: parked() > 0, what="a parked heartbeat thread", interval=0.01)
     pid = os.fork()
     if pid == 0:  # the child: never back into pytest
         code = 1

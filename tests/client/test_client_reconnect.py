@@ -20,8 +20,8 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from clihelp import wait_for
 from ledger import AsyncLedger, Ledger
+from waiting import wait_for
 
 MINUTE = timedelta(minutes=1)
 NEVER = timedelta(hours=1)  # no heartbeat during the test: nothing notices the dropped connection first

@@ -54,13 +54,14 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
+
+from waiting import wait_for
 
 FAKETIME = shutil.which("faketime")
 PSQL = shutil.which("psql")
@@ -178,13 +179,6 @@ def launch(name: str, dsn: str, job: str, **env: str) -> subprocess.Popen[str]:
 def finish(name: str, process: subprocess.Popen[str]) -> Call:
     _, stderr = process.communicate(timeout=120)
     return Call.parse(name, process.returncode, stderr)
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"waited {timeout:.0f}s for {what}"
-        time.sleep(0.05)
 
 
 def test_wrappers_on_hosts_hours_apart_run_each_slot_once_and_count_every_skip(

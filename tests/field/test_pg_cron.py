@@ -20,8 +20,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import pytest
 from cluster import Cluster, _bindir
 from repo import ROOT
 from sqlhelp import one, rows, state, value
+from waiting import wait_for
 
 TIMEOUT = 60.0          # seconds: a condition not reached by then is a hang
 CRON_TIMEOUT = 150.0    # pg_cron fires on minute boundaries: up to a minute, plus margin
@@ -57,18 +57,6 @@ def notices(conn: psycopg.Connection) -> list[Notice]:
     seen: list[Notice] = []
     conn.add_notice_handler(lambda diag: seen.append(Notice(diag)))
     return seen
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = TIMEOUT,
-             explain: Callable[[], str] | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}" + (f"\n{explain()}" if explain else ""))
-        time.sleep(0.05)
 
 
 class Caller(threading.Thread):
@@ -136,7 +124,7 @@ def test_the_run_is_visible_while_the_command_runs_and_a_concurrent_call_is_skip
     gate.execute("SELECT pg_advisory_lock(%s)", (GATE,))
     first = Caller(connect(), "nightly", f"SELECT pg_advisory_xact_lock({GATE})", ttl="10 minutes")
     first.start()
-    wait_for(lambda: waiting_on_the_gate(observer, first.pid), "the first CALL to be inside its command")
+    wait_for(lambda: waiting_on_the_gate(observer, first.pid), what="the first CALL to be inside its command")
 
     # The start committed before the command: the run is there for everyone.
     running = one(observer, "SELECT run_id, owner, status FROM ledger.job_execution_log")
@@ -271,10 +259,10 @@ def test_a_run_that_lost_its_lease_while_the_command_ran_rolls_its_writes_back(c
     zombie = Caller(connect(), "nightly",
                     f"INSERT INTO written VALUES (1); SELECT pg_advisory_xact_lock({GATE})", ttl="1 second")
     zombie.start()
-    wait_for(lambda: waiting_on_the_gate(observer, zombie.pid), "the CALL to be inside its command")
+    wait_for(lambda: waiting_on_the_gate(observer, zombie.pid), what="the CALL to be inside its command")
     token = value(observer, "SELECT token FROM ledger.job_execution_log")
     wait_for(lambda: value(observer, "SELECT NOT ledger.is_current('nightly', %s)", (token,)),
-             "the 1-second lease to expire")
+             what="the 1-second lease to expire")
     taken = one(observer, "SELECT * FROM ledger.start_run('nightly', 'host-2', '10 minutes')")
     assert taken["outcome"] == "started"
     said = notices(zombie.conn)
@@ -483,7 +471,7 @@ def _one_minute_of_cron(cluster: Cluster) -> CronRun:
         victim = Caller(cluster.connect(), "crashed", "SELECT pg_sleep(600)", ttl="1 second")
         victim.start()
         wait_for(lambda: value(conn, "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s",
-                               (victim.pid,)), "the crashing CALL to be inside its command")
+                               (victim.pid,)), what="the crashing CALL to be inside its command")
         conn.execute("SELECT pg_terminate_backend(%s)", (victim.pid,))
         victim.finish()
         victim.conn.close()
@@ -492,7 +480,7 @@ def _one_minute_of_cron(cluster: Cluster) -> CronRun:
         assert crashed["status"] == "running"
         # Expired before the schedules exist: the reaper's first call closes it.
         wait_for(lambda: value(conn, "SELECT expires_at < clock_timestamp() FROM ledger.leases WHERE job = 'crashed'"),
-                 "the crashed run's lease to expire")
+                 what="the crashed run's lease to expire")
 
         # Every schedule in one transaction: they fire at the same minute.
         with conn.transaction():
@@ -515,29 +503,31 @@ def _one_minute_of_cron(cluster: Cluster) -> CronRun:
 
         # The overlap: one run held inside its command, the other schedule skipped.
         wait_for(lambda: value(conn, "SELECT skipped_overlap >= 1 FROM ledger.job_counters WHERE job = 'overlap'"),
-                 "pg_cron to fire both schedules of job overlap", CRON_TIMEOUT, explain)
+                 CRON_TIMEOUT, "pg_cron to fire both schedules of job overlap", explain=explain)
         while_held = rows(conn, "SELECT status, owner FROM ledger.job_execution_log WHERE job = 'overlap'")
-        wait_for(lambda: fired("failing", "fenced", "fenced-stale"), "the other cron jobs", CRON_TIMEOUT, explain)
+        wait_for(lambda: fired("failing", "fenced", "fenced-stale"), CRON_TIMEOUT, "the other cron jobs",
+                 explain=explain)
         wait_for(lambda: value(conn, "SELECT status <> 'running' FROM ledger.job_execution_log WHERE run_id = %s",
-                               (crashed["run_id"],)), "the reaper to close the crashed run", CRON_TIMEOUT, explain)
+                               (crashed["run_id"],)), CRON_TIMEOUT, "the reaper to close the crashed run",
+                 explain=explain)
         # pg_cron 1.4 cancels a job that is unscheduled while it runs ('job
         # canceled'): unschedule each one once it is idle.
         idle = [jobids[name] for name in ("failing", "fenced", "fenced-stale", "ledger-reaper")]
         wait_for(lambda: value(conn, "SELECT count(*) = 0 FROM cron.job_run_details WHERE jobid = ANY(%s) "
                                      "AND status NOT IN ('succeeded', 'failed')", (idle,)),
-                 "the other cron jobs to be idle", explain=explain)
+                 what="the other cron jobs to be idle", explain=explain)
         for jobid in idle:
             conn.execute("SELECT cron.unschedule(%s::bigint)", (jobid,))
         holder_pid = int(while_held[0]["owner"].rsplit(":", 1)[1])
         # Before the gate opens, no other call of pg_cron is still on its way.
         wait_for(lambda: value(conn, "SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'pg_cron' "
                                      "AND backend_type = 'client backend' AND pid <> %s", (holder_pid,)),
-                 "pg_cron's other connections to end", explain=explain)
+                 what="pg_cron's other connections to end", explain=explain)
         conn.execute("INSERT INTO public.gate VALUES (true)")
         overlap = [jobids["overlap-a"], jobids["overlap-b"]]
         wait_for(lambda: value(conn, "SELECT count(*) = 0 FROM cron.job_run_details WHERE jobid = ANY(%s) "
                                      "AND status NOT IN ('succeeded', 'failed')", (list(jobids.values()),)),
-                 "every cron run to end", explain=explain)
+                 what="every cron run to end", explain=explain)
         seen = {"while_held": while_held,
                 "runs": rows(conn, "SELECT * FROM ledger.job_execution_log WHERE job = 'overlap' ORDER BY run_id"),
                 "skipped": value(conn, "SELECT skipped_overlap FROM ledger.job_counters WHERE job = 'overlap'"),

@@ -7,6 +7,7 @@ import psycopg
 import pytest
 
 from sqlhelp import state, value
+from waiting import wait_for
 
 
 def lease(db, job="publish", owner="host-1", ttl="1 hour"):
@@ -124,7 +125,6 @@ def test_a_zombie_write_is_rejected_by_the_fence_after_a_takeover(db):
 def test_a_takeover_that_fenced_between_the_check_and_the_write_makes_the_old_token_stale(connect, function):
     """LD002 is the race's verdict: the token was current when checked, yet a newer one wrote first."""
     import threading
-    import time
 
     db = connect()
     old = lease(db)
@@ -145,10 +145,12 @@ def test_a_takeover_that_fenced_between_the_check_and_the_write_makes_the_old_to
 
     writer = threading.Thread(target=write)
     writer.start()
-    deadline = time.monotonic() + 30
-    while value(db, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (zombie_pid,)) != "Lock":
-        assert time.monotonic() < deadline and writer.is_alive(), outcome
-        time.sleep(0.01)
+
+    def blocked() -> bool:
+        assert writer.is_alive(), outcome
+        return value(db, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (zombie_pid,)) == "Lock"
+
+    wait_for(blocked, 30, "the zombie's write to wait on the takeover's lock", interval=0.01)
     takeover.commit()
     writer.join(30)
     assert outcome == ["LD002"]

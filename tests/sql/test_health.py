@@ -16,6 +16,7 @@ import pytest
 from clihelp import jobledger
 from repo import DOCS
 from sqlhelp import one, rows, value
+from waiting import wait_for
 
 
 def health(db: psycopg.Connection, job: str) -> dict:
@@ -40,16 +41,16 @@ def run_once(db: psycopg.Connection, job: str, *, fail: str | None = None, ttl: 
 
 
 def wait_state(db: psycopg.Connection, job: str, state: str, timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
+    """Until ledger.job_health says ``state`` for ``job``; a timeout names the states seen on the way."""
+    seen: list[str] = []
+
+    def reached() -> dict | None:
         row = health(db, job)
         if not seen or seen[-1] != row["state"]:
             seen.append(row["state"])
-        if row["state"] == state:
-            return row
-        time.sleep(0.05)
-    raise AssertionError(f"job {job} never became {state}: states seen {seen}")
+        return row if row["state"] == state else None
+
+    return wait_for(reached, timeout, f"job {job} to become {state}", explain=lambda: f"states seen {seen}")
 
 
 def test_stopping_every_runner_makes_a_scheduled_job_late_then_down_with_its_alert(db, connect):

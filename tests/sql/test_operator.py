@@ -13,11 +13,12 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
-from clihelp import jobledger, running_run, runs_of, start, wait_for
+from clihelp import jobledger, running_run, runs_of, start
 from ledger.client import Ledger
 from ledger.errors import LeaseLost, LeaseSuperseded
 from repo import ROOT
 from sqlhelp import one, value
+from waiting import wait_for
 
 
 def started(db: psycopg.Connection, job: str, owner: str = "h", ttl: str = "1 hour") -> dict:
