@@ -97,14 +97,14 @@ def pg_bindir() -> Path | None:
 def missing() -> str | None:
     """Why a formation cannot be built here, or None."""
     if pg_autoctl() is None:
-        return "needs pg_autoctl (Debian: pg-auto-failover-cli and postgresql-NN-auto-failover)"
+        return "needs pg_autoctl (apt-get install pg-auto-failover-cli postgresql-NN-auto-failover)"
     if pg_bindir() is None:
-        return "needs PostgreSQL server binaries with the pgautofailover extension (postgresql-NN-auto-failover)"
+        return "needs the pgautofailover extension (apt-get install postgresql-NN-auto-failover)"
     if os.geteuid() == 0:
         try:
             pwd.getpwnam("postgres")
         except KeyError:
-            return "runs as root but there is no postgres OS user to run pg_autoctl as"
+            return "needs a postgres OS user (apt-get install postgresql): as root, pg_autoctl runs as postgres"
     return None
 
 

@@ -41,12 +41,13 @@ class Cluster:
     def __init__(self, root: Path, name: str) -> None:
         bindir = _bindir()
         if bindir is None:
-            pytest.skip("needs PostgreSQL server binaries (initdb, pg_ctl) for a private cluster")
+            pytest.skip("needs initdb and pg_ctl (apt-get install postgresql): a private cluster")
         self.bindir = bindir
         self.datadir = root / name
         self.logfile = root / f"{name}.log"
         self.port = _free_port()
         self.root = root
+        self.started = False
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         command = list(args)
@@ -65,8 +66,22 @@ class Cluster:
                 conf.write(f"{key} = '{val}'\n")
 
     def start(self) -> None:
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w",
-                  "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1", "start")
+        # The free port may be taken between _free_port() and the server's bind (the
+        # suite runs in parallel: another worker's cluster, a PgBouncer): then another,
+        # on the first start only (a restart keeps the port its DSNs were made with).
+        attempts = 1 if self.started else 5
+        for attempt in range(attempts):
+            done = self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w",
+                             "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1", "start",
+                             check=False)
+            if done.returncode == 0:
+                self.started = True
+                return
+            log = self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
+            if "already in use" not in log[-2000:] or attempt == attempts - 1:
+                raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout,
+                                                    done.stderr + log[-2000:])
+            self.port = _free_port()
 
     def stop(self, mode: str = "fast") -> None:
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop", check=False)

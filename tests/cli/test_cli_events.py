@@ -360,7 +360,7 @@ def test_watch_goes_on_after_its_connection_is_broken(dsn, db, notify):
 @pytest.fixture
 def reader_dsn(dsn, db) -> Iterator[str]:
     """A login whose only privileges come from ledger_reader (roles are cluster-wide: a unique name)."""
-    name = f"ledger_watcher_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    name = f"test_watcher_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     db.execute(f'CREATE ROLE "{name}" LOGIN IN ROLE ledger_reader')
     try:
         yield make_conninfo(**{**conninfo_to_dict(dsn), "user": name})

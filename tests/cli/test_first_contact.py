@@ -271,7 +271,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.mark.skipif(not _has_pg_ctl(), reason="needs PostgreSQL server binaries (pg_ctl)")
+@pytest.mark.skipif(not _has_pg_ctl(), reason="needs pg_ctl (apt-get install postgresql)")
 def test_the_plugin_default_base_starts_a_server_even_as_root(pytester: pytest.Pytester, monkeypatch) -> None:
     _clean_env(monkeypatch)
     pytester.makeconftest('pytest_plugins = ["ledger.testing"]')
@@ -280,7 +280,8 @@ def test_the_plugin_default_base_starts_a_server_even_as_root(pytester: pytest.P
     result.assert_outcomes(passed=1)
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="the root path: runs as root only")
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="needs root (the suite run as root): the root path")
 def test_as_root_without_the_os_user_the_plugin_says_what_to_set(pytester: pytest.Pytester, monkeypatch) -> None:
     _clean_env(monkeypatch)
     pytester.makeconftest('pytest_plugins = ["ledger.testing"]')

@@ -116,7 +116,7 @@ def conn(ledger_db):
 @pytest.fixture(scope="module")
 def reporting_login(conn):
     """A login whose only privileges come from ledger_reader (roles are cluster-wide: a unique name)."""
-    name = f"ledger_reports_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    name = f"test_reports_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     conn.execute(f'CREATE ROLE "{name}" LOGIN IN ROLE ledger_reader')
     yield name
     conn.execute(f'DROP ROLE "{name}"')
@@ -356,7 +356,7 @@ def test_the_statement_timeout_fires_in_the_database(reader):
     began = time.monotonic()
     with pytest.raises(errors.QueryCanceled):
         run_read_only(reader, "SELECT pg_sleep(30)", timedelta(milliseconds=200))
-    assert time.monotonic() - began < 5
+    assert time.monotonic() - began < 25  # cancelled, long before the sleep's end (a busy machine is slow)
 
 
 def test_an_expensive_allowed_query_is_cancelled_by_the_timeout(reader, catalog):
@@ -365,7 +365,7 @@ def test_an_expensive_allowed_query_is_cancelled_by_the_timeout(reader, catalog)
     began = time.monotonic()
     with pytest.raises(errors.QueryCanceled):
         run_report(reader, expensive, timedelta(milliseconds=300))
-    assert time.monotonic() - began < 5
+    assert time.monotonic() - began < 60  # cancelled: the count would take hours (a busy machine is slow)
 
 
 def test_the_cli_says_when_a_report_timed_out(reader_dsn):
@@ -398,7 +398,7 @@ def test_a_connection_inside_a_transaction_is_refused(reader_dsn):
 
 
 def test_the_connecting_user_must_be_a_member_of_ledger_reader(ledger_db, conn):
-    role = f"ledger_report_outsider_{os.getpid()}"
+    role = f"test_report_outsider_{os.getpid()}"
     conn.execute(f'CREATE ROLE "{role}" LOGIN')
     try:
         with psycopg.connect(ledger_db[0], user=role, autocommit=True) as outsider:

@@ -56,7 +56,7 @@ def admin(ledger_db):
 @contextmanager
 def _role(admin: psycopg.Connection, options: str = "LOGIN", member_of: tuple[str, ...] = ("ledger_reader",)
           ) -> Iterator[str]:
-    name = f"ledger_rl_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+    name = f"test_rl_{os.getpid()}_{uuid.uuid4().hex[:10]}"
     admin.execute(f'CREATE ROLE "{name}" {options}')
     try:
         for role in member_of:
@@ -77,7 +77,7 @@ def _login(admin: psycopg.Connection, ledger_db: str, **role: Any) -> Iterator[p
 @pytest.fixture(scope="module")
 def reporting_login(admin):
     """CREATE ROLE ... LOGIN IN ROLE ledger_reader: the setup the refusal message recommends."""
-    name = f"ledger_reports_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+    name = f"test_reports_{os.getpid()}_{uuid.uuid4().hex[:10]}"
     admin.execute(f'CREATE ROLE "{name}" LOGIN IN ROLE ledger_reader')
     yield name
     admin.execute(f'DROP ROLE "{name}"')

@@ -34,7 +34,7 @@ def _child(dsn: str) -> int:
             return 2
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork (a POSIX system)")
 def test_a_forked_childs_runs_heartbeat_although_the_parent_had_the_timer_and_the_parked_threads(dsn, db):
     with Ledger(dsn, owner="parent") as ledger:
         with ledger.run("warm", ttl=timedelta(seconds=30), heartbeat_interval=timedelta(milliseconds=20)):

@@ -12,7 +12,7 @@ from ledger.resources import sql_files
 
 pytestmark = pytest.mark.skipif(
     not any("ledger.start_due_run" in path.read_text() for path in sql_files()),
-    reason="ledger.start_due_run is not in the installed schema (sql/) yet")
+    reason="needs ledger.start_due_run (sql/55_schedules.sql installed)")
 
 TTL = timedelta(minutes=10)
 

@@ -228,7 +228,7 @@ AT_LEAST: dict[str, int] = {"README.md": 2, "docs/python.md": 6 if SCHEDULES els
 def test_the_examples_of_the_page_run(page, dsn, db, monkeypatch):
     blocks = [block for block in page_blocks(page) if block.runs_here]
     if any(block.lang == "sql" for block in blocks) and shutil.which("psql") is None:
-        pytest.skip("psql is not installed")
+        pytest.skip("needs psql (apt-get install postgresql-client)")
     monkeypatch.setenv("LEDGER_DSN", dsn)
     if page in SETUP:
         db.execute(SETUP[page])

@@ -26,7 +26,7 @@ def sql_blocks(heading: str) -> list[str]:
 @pytest.mark.parametrize("heading", [RUN, SCHEDULES])
 def test_the_sql_examples_run_through_psql(dsn, db, heading):
     if shutil.which("psql") is None:
-        pytest.skip("psql is not installed")
+        pytest.skip("needs psql (apt-get install postgresql-client)")
     blocks = sql_blocks(heading)
     assert blocks, f"no sql blocks under {heading!r}"
     db.execute("CREATE TABLE reports (day date, total integer)")
@@ -69,7 +69,7 @@ def test_every_sql_fence_of_the_page_is_job_aware_and_inside_the_transaction_of_
 def test_the_fenced_write_of_the_page_replayed_by_a_zombie_writes_nothing(dsn, db):
     """The page's transaction again, after the run ended: the fence refuses the token (LD001)."""
     if shutil.which("psql") is None:
-        pytest.skip("psql is not installed")
+        pytest.skip("needs psql (apt-get install postgresql-client)")
     db.execute("CREATE TABLE reports (day date, total integer)")
     for block in sql_blocks(RUN):
         subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-X", "-q", "-d", dsn, "-f", "-"],

@@ -100,7 +100,8 @@ SQL
 WRAPPERS = {"ahead": f"+{OFFSET}s", "behind": f"-{OFFSET}s", "real": None}
 EXPECTED_SHIFT = {"ahead": OFFSET, "behind": -OFFSET, "real": 0}
 
-pytestmark = pytest.mark.skipif(FAKETIME is None or PSQL is None, reason="needs faketime (libfaketime) and psql")
+pytestmark = [pytest.mark.skipif(FAKETIME is None, reason="needs faketime (apt-get install faketime)"),
+              pytest.mark.skipif(PSQL is None, reason="needs psql (apt-get install postgresql-client)")]
 
 
 def wrapper_argv(offset: str | None) -> list[str]:
@@ -125,10 +126,12 @@ def libfaketime_works_with_this_python() -> None:
         out = subprocess.run([FAKETIME, "-f", offset, sys.executable, "-c", "import time; print(time.time())"],
                              env=faked_env(offset), capture_output=True, text=True, timeout=60)
         if out.returncode != 0:
-            pytest.skip(f"faketime -f {offset} {sys.executable} failed: {out.stderr.strip()[-300:]}")
+            pytest.skip(f"needs faketime (apt-get install faketime): installed, faketime -f {offset} "
+                        f"{sys.executable} failed: {out.stderr.strip()[-300:]}")
         shift = float(out.stdout) - time.time()
         if abs(shift - sign * OFFSET) > 600:
-            pytest.skip(f"libfaketime does not shift this python's clock (faketime {offset}: {shift:+.0f}s)")
+            pytest.skip(f"needs faketime (apt-get install faketime): installed, libfaketime does not shift "
+                        f"this python's clock, faketime {offset}: {shift:+.0f}s")
 
 
 @pytest.fixture

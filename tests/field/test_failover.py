@@ -46,7 +46,7 @@ MISSING = af.missing()
 
 pytestmark = [
     pytest.mark.cluster,
-    pytest.mark.skipif(MISSING is not None, reason=f"a pg_auto_failover formation {MISSING}"),
+    pytest.mark.skipif(MISSING is not None, reason=f"{MISSING}: a pg_auto_failover formation"),
 ]
 
 # Not a fault of the ledger's: psycopg connects to the hosts of a multi-host DSN one by one, and the

@@ -40,8 +40,7 @@ def _node_major() -> int:
 
 pytestmark = pytest.mark.skipif(
     NODE is None or NPM is None or _node_major() < 18,
-    reason="the Node.js example (examples/node) needs Node.js 18+ and npm on PATH: "
-           "node or npm is missing or too old")
+    reason="needs Node.js 18+ and npm (apt-get install nodejs npm): the example examples/node")
 
 Run = Callable[..., dict[str, Any]]
 

@@ -341,7 +341,7 @@ def test_a_call_inside_a_transaction_block_raises_a_clear_error_and_changes_noth
 
 
 def test_a_client_role_calls_it_and_the_command_runs_with_the_callers_privileges(db):
-    name = f"ledger_cron_app_{os.getpid()}"
+    name = f"test_cron_app_{os.getpid()}"
     db.execute(f"DROP ROLE IF EXISTS {name}")
     db.execute(f"CREATE ROLE {name} NOLOGIN IN ROLE ledger_client")
     try:
@@ -402,8 +402,7 @@ def _pg_cron_missing(bindir: Path) -> str | None:
         return None
     version = subprocess.run([str(bindir / "postgres"), "--version"], capture_output=True, text=True).stdout
     major = m.group(1) if (m := re.search(r"(\d+)(?:\.\d+)+", version)) else "NN"
-    return (f"pg_cron is not installed for the PostgreSQL server in {bindir} "
-            f"(Debian/Ubuntu: apt-get install postgresql-{major}-cron)")
+    return f"needs pg_cron (apt-get install postgresql-{major}-cron): for the PostgreSQL server in {bindir}"
 
 
 class CronRun:
@@ -432,7 +431,7 @@ class CronRun:
 def cron_run() -> Iterator[CronRun]:
     bindir = _bindir()
     if bindir is None:
-        pytest.skip("needs PostgreSQL server binaries (initdb, pg_ctl) for a private cluster")
+        pytest.skip("needs initdb and pg_ctl (apt-get install postgresql): a private cluster")
     missing = _pg_cron_missing(bindir)
     if missing:
         pytest.skip(missing)

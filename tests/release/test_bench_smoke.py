@@ -45,7 +45,7 @@ def _pgbench_found() -> bool:
 
 def test_bench_smoke(pg_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     if not _pgbench_found() or not shutil.which("psql"):
-        pytest.skip("pgbench and psql are needed (postgresql-client)")
+        pytest.skip("needs pgbench and psql (apt-get install postgresql-client)")
     untouched = [ROOT / "BENCHMARKS.md", ROOT / "docs" / "images" / "bench-ratios.png"]
     before = [_digest(p) for p in untouched]
     out = tmp_path / "smoke.json"

@@ -46,7 +46,7 @@ def owner_database(pg_server) -> Iterator[Callable[..., str]]:
 
     def make(grant_owner_role: bool = True) -> str:
         n = next(_counter)
-        role, database = f"ledger_host_{os.getpid()}_{n}", f"ledger_hosted_{os.getpid()}_{n}"
+        role, database = f"test_host_{os.getpid()}_{n}", f"ledger_hosted_{os.getpid()}_{n}"
         with admin() as conn:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB").format(
                 sql.Identifier(role)))

@@ -39,7 +39,7 @@ _counter = itertools.count()
 def _psql_binary() -> str:
     found = shutil.which("psql") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/psql"))), None)
     if found is None:
-        pytest.skip("needs the psql client")
+        pytest.skip("needs psql (apt-get install postgresql-client)")
     return str(found)
 
 

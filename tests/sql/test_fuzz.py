@@ -506,7 +506,7 @@ def test_canary_a_failed_call_that_changed_a_table_fails_the_fuzz(fuzz: Fuzz, fu
     # A change that outlives the failed call's rollback: an autonomous write
     # through dblink, then the ledger's own 22023 for an invalid label.
     if value(fuzz.observer, "SELECT count(*) FROM pg_available_extensions WHERE name = 'dblink'") == 0:
-        pytest.skip("the dblink extension is not available on this server")
+        pytest.skip("needs dblink (apt-get install postgresql-contrib): on the server")
     fuzz.observer.execute("CREATE SCHEMA fuzz_canary; CREATE SCHEMA IF NOT EXISTS fuzz_dblink;"
                           " CREATE EXTENSION IF NOT EXISTS dblink SCHEMA fuzz_dblink")
     fuzz.observer.execute(sql.SQL("""

@@ -109,7 +109,9 @@ def test_a_cron_jobs_missed_slots_are_counted_not_listed_and_capped(db):
     db.execute("UPDATE ledger.jobs SET created_at = now() - interval '10 years'")
     started = time.monotonic()
     row = health(db, "cron")
-    assert time.monotonic() - started < 2
+    # Capped, not counted one by one (missed_slots_capped below); a bound for a hang, not a speed: the
+    # suite runs in parallel, on machines whose cores are busy.
+    assert time.monotonic() - started < 30
     assert row["state"] == "down" and row["missed_slots_capped"] is True
     assert row["missed_slots"] >= 366 * 288 - 300 and row["reason"].startswith("at least ")
     db.execute("SELECT ledger.register_job('every', '5 minutes', ttl => '1 minute')")

@@ -14,6 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from sqlhelp import PlpgsqlCheckWarning
+
 FAILING_LEVELS = {"error", "security"}
 
 CHECK = """
@@ -32,10 +34,6 @@ SELECT p.oid::regprocedure::text, r.lineno, r.level, r.sqlstate, r.message, r.de
 """
 
 
-class PlpgsqlCheckWarning(UserWarning):
-    """A plpgsql_check finding below the failing levels."""
-
-
 def findings(conn: psycopg.Connection[Any], schema: str) -> list[tuple[Any, ...]]:
     return conn.execute(CHECK, {"schema": schema}).fetchall()
 
@@ -51,12 +49,12 @@ def describe(rows: list[tuple[Any, ...]]) -> str:
 def checked_db(db: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     """A fresh ledger database with the plpgsql_check extension, or a skip saying why not."""
     if db.execute("SELECT FROM pg_available_extensions WHERE name = 'plpgsql_check'").fetchone() is None:
-        pytest.skip("plpgsql_check is not available on this server "
-                    "(Debian/Ubuntu: apt install postgresql-15-plpgsql-check)")
+        major = db.info.server_version // 10000
+        pytest.skip(f"needs plpgsql_check (apt-get install postgresql-{major}-plpgsql-check): on the server")
     try:
         db.execute("CREATE EXTENSION plpgsql_check")
     except psycopg.errors.InsufficientPrivilege as error:
-        pytest.skip(f"cannot create extension plpgsql_check: {error}")
+        pytest.skip(f"needs plpgsql_check (a superuser to CREATE EXTENSION it): {error}")
     return db
 
 

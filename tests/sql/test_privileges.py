@@ -24,7 +24,7 @@ KEY = {"jobs": "job", "leases": "token", "fences": "token", "job_execution_log":
 @pytest.fixture
 def app_role(db):
     """A role of the application, member of ledger_client (roles are cluster-wide: unique name)."""
-    name = f"ledger_app_{os.getpid()}"
+    name = f"test_app_{os.getpid()}"
     db.execute(f"DROP ROLE IF EXISTS {name}")
     db.execute(f"CREATE ROLE {name} NOLOGIN IN ROLE ledger_client")
     yield name

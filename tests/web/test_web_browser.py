@@ -39,9 +39,9 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 pytestmark = [
     pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason="Debian's chromium is not installed (apt-get install chromium chromium-driver)"),
+                       reason="needs chromium (apt-get install chromium chromium-driver)"),
     pytest.mark.skipif(sync_playwright is None,
-                       reason="the playwright package is not installed (pip install -e '.[test]')"),
+                       reason="needs playwright (pip install -e '.[test]')"),
 ]
 
 

@@ -23,7 +23,7 @@ from ledger import monitoring
 from ledger.metrics import exposition
 
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (apt-get install prometheus)")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (apt-get install prometheus)")
 METRIC = re.compile(r"\bjobledger_[a-z_]+")
 
 
