@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 
 help:
 	@echo "make demo       run the narrated demo on an embedded PostgreSQL"
-	@echo "make test       run the whole test suite (creates $(VENV) first)"
+	@echo "make test       run the whole test suite in parallel (creates $(VENV) first; TEST_WORKERS=4)"
 	@echo "make typecheck  mypy --strict over ledger/"
 	@echo "make bench      benchmarks side by side with the raw SQL floor, into BENCHMARKS.md (minutes;"
 	@echo "                BENCH_DURATION=10 s per pgbench side, BENCH_ROUNDS=2, BENCH_JOBS=10000)"
@@ -28,16 +28,24 @@ $(STAMP): pyproject.toml ledger/__init__.py
 	$(PY) -m pip install --quiet -e '.[test,embedded]'
 	touch $(STAMP)
 
-# pytest and mypy both run, whatever the first says; the target fails if either did.
+# mypy and pytest both run, whatever the first says; the target fails if either did.
+# The tests run in parallel (pytest-xdist): most of their time is spent waiting (for a
+# lease to expire, a cluster to promote, a subprocess), so more workers than cores pay.
+# A file runs whole on one worker (--dist loadfile), the slowest files first
+# (--no-loadscope-reorder keeps the order of SLOW_FIRST in tests/conftest.py).
+# The last line is the skip summary (tests/conftest.py); a failure adds one after it.
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: $(STAMP)
 	@pytest_status=0; mypy_status=0; \
-	$(PY) -m pytest -q || pytest_status=$$?; \
 	$(VENV)/bin/mypy --strict ledger || mypy_status=$$?; \
-	echo "make test: pytest exit $$pytest_status, mypy exit $$mypy_status"; \
-	[ $$pytest_status -eq 0 ] && [ $$mypy_status -eq 0 ]
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) || pytest_status=$$?; \
+	if [ $$pytest_status -ne 0 ] || [ $$mypy_status -ne 0 ]; then \
+		echo "make test: pytest exit $$pytest_status, mypy exit $$mypy_status"; exit 1; fi
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not cluster" -x
+	$(PY) -m pytest -q -m "not cluster" -x $(PYTEST_PARALLEL)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict ledger
@@ -63,7 +71,7 @@ sql: $(STAMP)
 	@$(PY) -m ledger sql
 
 # The sync client is generated from the async one (tools/async_to_sync.py);
-# tests/test_generated.py, and so `make test`, fails when it is stale.
+# tests/release/test_generated.py, and so `make test`, fails when it is stale.
 sync:
 	$(PYTHON) tools/async_to_sync.py
 

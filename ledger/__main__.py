@@ -2,5 +2,5 @@
 
 from ledger.cli import main
 
-if __name__ == "__main__":  # importing the module (tests/test_imports.py) runs nothing
+if __name__ == "__main__":  # importing the module (tests/client/test_imports.py) runs nothing
     main(prog_name="jobledger")

@@ -7,7 +7,7 @@ SQL from pieces at run time; they only bind parameters. Columns are listed by
 name, so that a column added to a type or view later (the contract allows
 additions) does not break the typed rows; a row's columns are written once,
 as the fields of its dataclass in :mod:`ledger.models`
-(``tests/test_queries.py`` checks them against the database and plans every
+(``tests/client/test_queries.py`` checks them against the database and plans every
 statement).
 
 ``time_left`` (``expires_at - clock_timestamp()`` on the server) lets the

@@ -21,7 +21,7 @@ depends_on = ${repr(depends_on)}
 # Raw SQL, frozen beside this file (never read the live sql/): the change
 # in <this file>.sql, its reverse in <this file>.downgrade.sql. Then make
 # sql/ say the same, so that a fresh install and an upgrade stay identical
-# (tests/test_migrations.py compares their catalogs).
+# (tests/release/test_migrations.py compares their catalogs).
 UPGRADE_SQL = Path(__file__).with_suffix(".sql")
 DOWNGRADE_SQL = Path(__file__).with_suffix(".downgrade.sql")
 

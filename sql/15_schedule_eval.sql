@@ -50,7 +50,7 @@
 -- (v_all_months, v_all_days_of_month, v_all_weekdays), and so is ln 2
 -- (v_ln2), which turns a power of two into its bit number. They are locals,
 -- not LANGUAGE sql constants: every function of this file is PL/pgSQL with a
--- fixed search_path (tests/test_schedule_eval.py), and a constant local costs
+-- fixed search_path (tests/sql/test_schedule_eval.py), and a constant local costs
 -- next to nothing. A call to a PL/pgSQL helper costs microseconds, so the
 -- loops below inline their bit scans instead of calling one.
 

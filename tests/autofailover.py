@@ -25,7 +25,7 @@ a failure:
 
 Both record what they were told (tokens, outcomes, exit codes) with local
 timestamps; ``Facts`` puts that next to what the database says afterwards,
-and its methods name every broken invariant (tests/test_failover.py asserts
+and its methods name every broken invariant (tests/field/test_failover.py asserts
 that each list is empty).
 
 The figures of RELIABILITY.md ("High availability") come from this file run as a script::
@@ -59,6 +59,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from waiting import wait_for
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -95,14 +97,14 @@ def pg_bindir() -> Path | None:
 def missing() -> str | None:
     """Why a formation cannot be built here, or None."""
     if pg_autoctl() is None:
-        return "needs pg_autoctl (Debian: pg-auto-failover-cli and postgresql-NN-auto-failover)"
+        return "needs pg_autoctl (apt-get install pg-auto-failover-cli postgresql-NN-auto-failover)"
     if pg_bindir() is None:
-        return "needs PostgreSQL server binaries with the pgautofailover extension (postgresql-NN-auto-failover)"
+        return "needs the pgautofailover extension (apt-get install postgresql-NN-auto-failover)"
     if os.geteuid() == 0:
         try:
             pwd.getpwnam("postgres")
         except KeyError:
-            return "runs as root but there is no postgres OS user to run pg_autoctl as"
+            return "needs a postgres OS user (apt-get install postgresql): as root, pg_autoctl runs as postgres"
     return None
 
 
@@ -279,12 +281,8 @@ class Formation:
         self.wait(self.stable, timeout, "a primary and a secondary")
 
     def wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"waited {timeout:.0f}s for {what}; monitor says {self._safe_states()}\n"
-                                   + self.tail_logs())
-            time.sleep(0.25)
+        wait_for(predicate, timeout, what, interval=0.25,
+                 explain=lambda: f"monitor says {self._safe_states()}\n{self.tail_logs()}")
 
     def _safe_states(self) -> Any:
         try:
@@ -661,15 +659,17 @@ class Load:
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float, what: str,
                    describe: Callable[[], str] = lambda: "") -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
+        """wait_for, failing at once when a Python client exited."""
+        def holds() -> bool:
+            if predicate():
+                return True
             for name, client in self.clients.items():
                 if client.poll() is not None:
                     raise AssertionError(f"python client {name} exited ({client.returncode}) while waiting for {what}"
                                          f": {(self.workdir / f'py-{self.tag}-{name}.log').read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"waited {timeout:.0f}s for {what}; {describe()}")
-            time.sleep(0.2)
+            return False
+
+        wait_for(holds, timeout, what, interval=0.2, explain=describe)
 
     def facts(self, failed_at: float, recovered_at: float, promoted: bool) -> Facts:
         with _retrying_connect(self.dsn) as conn:

@@ -7,8 +7,7 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psycopg
@@ -68,16 +67,6 @@ def start(*args: str, dsn: str | None = None, env: Mapping[str, str] | None = No
 
 def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def wait_for(condition: Callable[[], object], timeout: float = 15, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def runs_of(conn: psycopg.Connection, job: str) -> list[dict[str, object]]:

@@ -12,13 +12,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from ledger.migrate import install_script
+from waiting import wait_for
 
 
 def _bindir() -> Path | None:
@@ -41,12 +41,13 @@ class Cluster:
     def __init__(self, root: Path, name: str) -> None:
         bindir = _bindir()
         if bindir is None:
-            pytest.skip("needs PostgreSQL server binaries (initdb, pg_ctl) for a private cluster")
+            pytest.skip("needs initdb and pg_ctl (apt-get install postgresql): a private cluster")
         self.bindir = bindir
         self.datadir = root / name
         self.logfile = root / f"{name}.log"
         self.port = _free_port()
         self.root = root
+        self.started = False
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         command = list(args)
@@ -65,8 +66,22 @@ class Cluster:
                 conf.write(f"{key} = '{val}'\n")
 
     def start(self) -> None:
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w",
-                  "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1", "start")
+        # The free port may be taken between _free_port() and the server's bind (the
+        # suite runs in parallel: another worker's cluster, a PgBouncer): then another,
+        # on the first start only (a restart keeps the port its DSNs were made with).
+        attempts = 1 if self.started else 5
+        for attempt in range(attempts):
+            done = self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w",
+                             "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1", "start",
+                             check=False)
+            if done.returncode == 0:
+                self.started = True
+                return
+            log = self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
+            if "already in use" not in log[-2000:] or attempt == attempts - 1:
+                raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout,
+                                                    done.stderr + log[-2000:])
+            self.port = _free_port()
 
     def stop(self, mode: str = "fast") -> None:
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop", check=False)
@@ -88,18 +103,16 @@ class Cluster:
         with self.connect() as conn:
             conn.execute(install_script())  # type: ignore[arg-type]
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        def writable() -> bool:
             try:
                 with self.connect() as conn:
-                    if not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:  # type: ignore[index]
-                        return
+                    return not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]  # type: ignore[index]
             except psycopg.OperationalError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"cluster on port {self.port} not ready: {self.logfile.read_text()[-2000:]}")
-            time.sleep(0.1)
+                return False
+
+        wait_for(writable, timeout, f"the cluster on port {self.port} to accept writes", interval=0.1,
+                 explain=lambda: self.logfile.read_text()[-2000:])
 
 
 @pytest.fixture

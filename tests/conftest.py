@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -190,3 +192,104 @@ class LedgerClock:
 def ledger_clock(connect: Callable[..., psycopg.Connection]) -> LedgerClock:
     """Move the test database's ledger clock forward: `ledger_clock.advance(timedelta(hours=1))`."""
     return LedgerClock(connect())
+
+
+# -- running in parallel (make test: pytest-xdist, --dist loadfile) ---------------------------------
+#
+# Every test gets its own database, and whatever else it makes on the shared server
+# has a name of its own: databases and roles carry the worker's pid (roles are
+# cluster-wide, and a role a test makes is named test_..., never ledger..., which
+# tests/release/test_migrations.py lists), clusters and PgBouncers a free port of
+# their own, and no test changes a server-wide setting. A file runs whole on one
+# worker (--dist loadfile): many share a module fixture that is expensive or not
+# shareable (a pg_auto_failover formation, pg_cron's cluster, chromium, `npm ci`
+# into examples/node, a seeded ledger). Not --dist loadgroup: with pytest 9.2 it
+# no longer groups anything (pytest-xdist#1386).
+#
+# The files that take longest go first, so that the run does not end with one of
+# them on one worker while the others are done (seconds, serial, on the 2-core
+# machine of the release; docs/development.md). The controller hands the files
+# out in this order with --no-loadscope-reorder.
+SLOW_FIRST = (
+    "client/test_client_deadlines.py",  # 110 s: partitions that wait out leases
+    "field/test_failover.py",           # 60 s: one formation, three failures
+    "release/test_upgrade_live.py",     # 45 s: workers through an upgrade, a downgrade and an upgrade
+    "sql/test_races_and_lock_waits.py", # 20 s: races forced with held locks, 12 threads of mixed calls
+    "cli/test_cli_events.py",           # 45 s
+    "chaos/test_chaos.py",              # 40 s in one test
+    "field/test_durability.py",         # 35 s
+    "sql/test_health.py",               # 25 s
+    "cli/test_first_contact.py",        # 22 s
+    "docs/test_demo.py",                # 21 s
+    "sql/test_hardening.py",            # 20 s
+    "client/test_imports.py",           # 20 s
+    "client/test_client_async.py",      # 20 s
+    "field/test_clocks.py",             # 20 s
+    "client/test_client.py",            # 20 s
+    "field/test_pgbouncer.py",          # 18 s
+    "cli/test_cli_run.py",              # 18 s
+    "sql/test_fuzz.py",                 # 18 s
+    "sql/test_preview.py",              # 17 s
+    "web/test_web_browser.py",          # 16 s
+    "field/test_pg_cron.py",            # 10 s, up to a minute (pg_cron fires on the minute)
+)
+
+
+def _part_path(item: pytest.Item) -> str:
+    """<part>/<file> of an item, as SLOW_FIRST names it."""
+    return item.nodeid.split("::", 1)[0].removeprefix("tests/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):  # not an xdist worker: the order does not matter
+        return
+    rank = {path: n for n, path in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(_part_path(item), len(rank)))  # stable: each file in its order
+
+
+# -- the skip summary: the last line of the run -------------------------------------------------------
+#
+# A skip reason says what would run the test: "needs WHAT (HOW TO GET IT)", and after a colon
+# why, if that needs saying. The run ends with one line that counts the skips by what they need:
+#   skipped 5: 3 need chromium (apt-get install chromium chromium-driver), 2 need promtool (apt-get ...)
+NEEDS = re.compile(r"^needs (?P<what>[^()]+?) \((?P<how>[^()]+)\)")
+
+
+def skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, (tuple, list)) and len(longrepr) == 3:
+        text = str(longrepr[2])
+    else:
+        text = str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+def skip_summary(reasons: list[str]) -> str:
+    """``skipped N: K need WHAT (HOW), ...``, the most frequent first; a reason not in that form last, as it is."""
+    needs: Counter[str] = Counter()
+    other: Counter[str] = Counter()
+    for reason in reasons:
+        found = NEEDS.match(reason)
+        if found:
+            needs[f"{found['what']} ({found['how']})"] += 1
+        else:
+            other[reason] += 1
+    parts = [f"{n} {'needs' if n == 1 else 'need'} {what}" for what, n in sorted(needs.items(), key=_most)]
+    parts += [f"{n} other: {reason}" for reason, n in sorted(other.items(), key=_most)]
+    return f"skipped {len(reasons)}" + (f": {', '.join(parts)}" if parts else "")
+
+
+def _most(item: tuple[str, int]) -> tuple[int, str]:
+    return -item[1], item[0]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # After pytest's own last line ("N passed, M skipped in ..."); in the xdist controller
+    # (the workers' reports reach it), or in the one process of a serial run.
+    if hasattr(config, "workerinput") or config.option.collectonly or getattr(config.option, "help", False):
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or not hasattr(reporter, "stats"):
+        return
+    skipped = [skip_reason(report) for report in reporter.stats.get("skipped", [])]
+    reporter.write_line(skip_summary(skipped))

@@ -1,4 +1,4 @@
-"""Machinery for tests/test_fuzz.py: the public functions as the catalog
+"""Machinery for tests/sql/test_fuzz.py: the public functions as the catalog
 declares them, hostile values for their arguments, session settings, a
 snapshot of every ledger table, and the property every call must keep.
 
@@ -154,7 +154,7 @@ def label_problem(value: str | None) -> str | None:
     return None
 
 
-# NUL is impossible in text (tests/test_fuzz.py proves it), so it is not here.
+# NUL is impossible in text (tests/sql/test_fuzz.py proves it), so it is not here.
 HOSTILE_CHARS = [
     "\u200f", "\u202e", "\u202a", "\u2066", "\u2069", "\u061c",  # bidirectional marks, overrides, isolates
     "\ufeff", "\u200b", "\u200c", "\u200d", "\u2060", "\u00ad", "\u180e",  # BOM, zero-width, soft hyphen

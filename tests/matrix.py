@@ -31,7 +31,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo import ROOT
+
 VERSIONS = (13, 14, 15, 16, 17, 18)
 BINDIR_VARIABLE = "LEDGER_TEST_PG_BINDIR"
 RUN_VARIABLE = "LEDGER_TEST_PG_RUNDIR"  # set by the matrix for PrivateServer's directory
@@ -39,12 +40,13 @@ RUN_VARIABLE = "LEDGER_TEST_PG_RUNDIR"  # set by the matrix for PrivateServer's 
 # Everything that exercises the SQL in sql/. The client and CLI tests run on
 # the default server (make test); they use the SQL only through these paths.
 SQL_TESTS = (
-    "tests/test_leases.py", "tests/test_runs.py", "tests/test_fences.py", "tests/test_schedules.py",
-    "tests/test_schedule_eval.py", "tests/test_views.py", "tests/test_bad_input.py",
-    "tests/test_hardening.py", "tests/test_privileges.py", "tests/test_migrations.py",
-    "tests/test_durability.py", "tests/test_concurrency.py", "tests/test_plpgsql_check.py",
-    "tests/test_readme_sql.py", "tests/test_install.py", "tests/test_health.py", "tests/test_preview.py",
-    "tests/test_hotpath_state.py", "tests/test_queries.py", "tests/test_purge.py",
+    "tests/sql/test_leases.py", "tests/sql/test_runs.py", "tests/sql/test_fences.py",
+    "tests/sql/test_schedules.py", "tests/sql/test_schedule_eval.py", "tests/sql/test_views.py",
+    "tests/sql/test_bad_input.py", "tests/sql/test_hardening.py", "tests/sql/test_privileges.py",
+    "tests/release/test_migrations.py", "tests/field/test_durability.py", "tests/sql/test_concurrency.py",
+    "tests/sql/test_plpgsql_check.py", "tests/docs/test_readme_sql.py", "tests/release/test_install.py",
+    "tests/sql/test_health.py", "tests/sql/test_preview.py", "tests/sql/test_hotpath_state.py",
+    "tests/client/test_queries.py", "tests/sql/test_purge.py",
 )
 
 

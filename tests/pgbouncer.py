@@ -1,4 +1,4 @@
-"""A real PgBouncer in transaction mode in front of the test server, for the tests of tests/test_pgbouncer.py.
+"""A real PgBouncer in transaction mode in front of the test server, for the tests of tests/field/test_pgbouncer.py.
 
 ``pgbouncer`` (session scope) starts ``pgbouncer`` (Debian's 1.18: no
 prepared-statement support) on a free loopback port with ``pool_mode =
@@ -126,7 +126,7 @@ def pgbouncer(pg_server: Any) -> Iterator[Bouncer]:
     """A PgBouncer in transaction mode in front of the test server (skipped when not installed)."""
     binary = pgbouncer_binary()
     if binary is None:
-        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer): the pooler tests need a real one")
+        pytest.skip("needs pgbouncer (apt-get install pgbouncer): the pooler tests need a real one")
     as_postgres = os.geteuid() == 0
     directory = Path(tempfile.mkdtemp(prefix="ledger-pgbouncer-"))
     run_as: dict[str, Any] = {}
@@ -134,7 +134,7 @@ def pgbouncer(pg_server: Any) -> Iterator[Bouncer]:
         try:
             account = pwd.getpwnam("postgres")
         except KeyError:
-            pytest.skip("running as root and there is no postgres OS user to run pgbouncer as")
+            pytest.skip("needs a postgres OS user (apt-get install postgresql): as root, pgbouncer runs as it")
         os.chown(directory, account.pw_uid, account.pw_gid)
         run_as = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
     (directory / "userlist.txt").write_text(f'"{pg_server.user}" "{pg_server.password or ""}"\n')

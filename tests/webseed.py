@@ -1,6 +1,6 @@
 """A ledger with something of everything the dashboard shows, built through the SQL API.
 
-Shared by the dashboard's tests (tests/test_web.py, tests/test_web_browser.py):
+Shared by the dashboard's tests (tests/web/test_web.py, tests/web/test_web_browser.py):
 
 - ``etl`` (every 5 minutes, UTC): a day of history (inserted directly,
   backdated), then eight successes (one with a detail object), then two

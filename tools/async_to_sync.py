@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = {
     "ledger/aio.py": "ledger/client.py",
     # the client's behaviour tests: one source, the sync twin generated like the client
-    "tests/test_client_async.py": "tests/test_client.py",
+    "tests/client/test_client_async.py": "tests/client/test_client.py",
 }
 """source -> generated, relative to the repository."""
 

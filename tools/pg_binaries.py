@@ -16,7 +16,7 @@ tar, create those links ourselves, and keep the tree readable by everybody so
 that the `postgres` OS user can run it when the tests run as root. No
 LD_LIBRARY_PATH is needed.
 
-pg_basebackup (the promotion test in tests/test_durability.py needs it) is not
+pg_basebackup (the promotion test in tests/field/test_durability.py needs it) is not
 in the package. A pg_basebackup works with servers of its own or an older major
 version, so the closest one found on this machine (Debian's
 /usr/lib/postgresql/*/bin, the `embedded` extra's pgserver) whose major is at

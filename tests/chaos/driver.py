@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import psycopg
+from waiting import wait_for
 
 from .worker import SCHEDULED, TTLS, UNSCHEDULED
 
@@ -401,11 +402,8 @@ class Chaos:
             time.sleep(min(0.05, max(0.0, until - now)))
 
     def wait_for(self, what: str, condition: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"chaos: {what} after {timeout:.0f} s")
-            self.tick(time.monotonic() + 0.2)
+        """waiting.wait_for with the chaos going on between two polls (0.2 s of tick)."""
+        wait_for(condition, timeout, f"chaos: {what}", pause=lambda: self.tick(time.monotonic() + 0.2))
 
     def plan(self) -> list[str]:
         """Short mode: each kind of event once, a second zombie of the client, then random ones, shuffled."""
@@ -422,7 +420,7 @@ class Chaos:
         self.started = time.monotonic()
         for worker in self.workers:
             self.spawn(worker)
-        self.wait_for("no run started", lambda: self.runs() >= 5, timeout=180)
+        self.wait_for("five runs to start", lambda: self.runs() >= 5, timeout=180)
         self.figures["warmup_s"] = round(time.monotonic() - self.started, 1)
         actions: dict[str, Callable[[], bool]] = {
             "kill_client": lambda: self.kill_host("client"),
@@ -513,10 +511,10 @@ class Chaos:
         # A killed client's last statement may still be running in its backend (a start
         # that commits after the kill): wait until no other client is connected, so the
         # final reap cannot race with such a start.
-        self.wait_for("a backend of a stopped worker still connected", lambda: not self.query(
+        self.wait_for("every backend of a stopped worker to end", lambda: not self.query(
             "SELECT FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
             "AND backend_type = 'client backend'"), timeout=60)
-        self.wait_for("a lease still live", lambda: not self.query(
+        self.wait_for("every lease to end", lambda: not self.query(
             "SELECT FROM ledger.leases WHERE released_at IS NULL AND expires_at > clock_timestamp()"), timeout=60)
         self.query("SELECT ledger.reap_expired()")
         self.figures["duration_s"] = round(time.monotonic() - self.started, 1)

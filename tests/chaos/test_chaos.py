@@ -60,7 +60,8 @@ def test_chaos_short(cluster_root, tmp_path):  # noqa: F811
     _chaos(cluster_root, tmp_path, Config.short())
 
 
-@pytest.mark.skipif(not os.environ.get("LEDGER_CHAOS_RUNS"), reason="long mode: set LEDGER_CHAOS_RUNS (e.g. 10000)")
+@pytest.mark.skipif(not os.environ.get("LEDGER_CHAOS_RUNS"),
+                    reason="needs LEDGER_CHAOS_RUNS (e.g. LEDGER_CHAOS_RUNS=10000): the long mode")
 def test_chaos_long(cluster_root, tmp_path):  # noqa: F811
     target = int(os.environ["LEDGER_CHAOS_RUNS"])
     figures = _chaos(cluster_root, tmp_path, Config.long(target))

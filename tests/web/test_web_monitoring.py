@@ -1,0 +1,149 @@
+"""The shipped Prometheus alert rules and Grafana dashboard (ledger/monitoring): valid, and about real metrics.
+
+``promtool check rules`` validates the rules file and ``promtool test rules``
+runs a few of them against made-up series (Debian's ``prometheus`` package
+has promtool; the tests skip with that reason without it). Every metric name
+the rules and the dashboard use must be one the exporter writes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ledger import monitoring
+from ledger.metrics import exposition
+
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (apt-get install prometheus)")
+METRIC = re.compile(r"\bjobledger_[a-z_]+")
+
+
+def _rules_text() -> str:
+    return monitoring.path(monitoring.ALERT_RULES).read_text()
+
+
+def _dashboard() -> dict:
+    return json.loads(monitoring.path(monitoring.GRAFANA_DASHBOARD).read_text())
+
+
+@pytest.fixture
+def exported_names(db, dsn) -> set[str]:
+    """Every sample name the exporter writes, on a ledger with a success and a running run."""
+    db.execute("SELECT ledger.register_job('etl', ttl => '10 minutes')")
+    run = db.execute("SELECT run_id, token FROM ledger.start_run('etl', 'w')").fetchone()
+    db.execute("SELECT ledger.complete_run(%s, %s)", run)
+    db.execute("SELECT ledger.start_run('etl', 'w')")
+    text = exposition(lambda: psycopg.connect(dsn, autocommit=True))
+    return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+@needs_promtool
+def test_promtool_accepts_the_rules():
+    result = subprocess.run([PROMTOOL, "check", "rules", str(monitoring.path(monitoring.ALERT_RULES))],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+RULE_TESTS = """
+rule_files:
+  - {rules}
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'jobledger_up{{instance="ledger:8187"}}'
+        values: '0x10'
+      - series: 'jobledger_consecutive_failures{{job="etl"}}'
+        values: '1 2 3 3'
+      - series: 'jobledger_job_overdue{{job="nightly"}}'
+        values: '1x10'
+      - series: 'jobledger_run_running_seconds{{job="ingest"}}'
+        values: '500+60x10'
+      - series: 'jobledger_job_ttl_seconds{{job="ingest"}}'
+        values: '600x10'
+      - series: 'jobledger_alerts{{alert="overlap"}}'
+        values: '0 0 1'
+    alert_rule_test:
+      - eval_time: 6m
+        alertname: JobLedgerScrapeDown
+        exp_alerts:
+          - exp_labels: {{severity: critical, instance: "ledger:8187"}}
+            exp_annotations:
+              summary: "jobledger cannot read the ledger"
+              description: "ledger:8187 has answered jobledger_up 0 for 5 minutes: the ledger's database is unreachable or its reader lacks privileges. The other jobledger alerts cannot fire meanwhile."
+      - eval_time: 1m
+        alertname: JobLedgerFailuresInARow
+        exp_alerts: []
+      - eval_time: 3m
+        alertname: JobLedgerFailuresInARow
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: etl}}
+            exp_annotations:
+              summary: "job etl failed 3 times in a row"
+              description: "etl has failed 3 times since its last success. `jobledger runs etl` shows the errors."
+      - eval_time: 6m
+        alertname: JobLedgerJobLate
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: nightly}}
+            exp_annotations:
+              summary: "job nightly is late"
+              description: "A slot of nightly is more than one ttl old and has not succeeded, with no live run on it: nothing is running it. `jobledger status nightly`."
+      - eval_time: 1m
+        alertname: JobLedgerRunOverTtl
+        exp_alerts: []
+      - eval_time: 5m
+        alertname: JobLedgerRunOverTtl
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: ingest}}
+            exp_annotations:
+              summary: "a run of ingest has run past its ttl"
+              description: "The running run of ingest has run 13m 20s, longer than its ttl: it holds the lease only by renewing it."
+      - eval_time: 2m
+        alertname: JobLedgerOverlap
+        exp_alerts:
+          - exp_labels: {{severity: critical, alert: overlap}}
+            exp_annotations:
+              summary: "overlapping runs in the ledger"
+              description: "ledger.alerts has 1 overlap rows: two runs of one job overlapped in time. `jobledger report \\"SELECT * FROM ledger.overlaps\\"`."
+"""
+
+
+@needs_promtool
+def test_the_rules_fire_when_they_should(tmp_path: Path):
+    tests = tmp_path / "rules-test.yml"
+    tests.write_text(textwrap.dedent(RULE_TESTS).format(rules=monitoring.path(monitoring.ALERT_RULES)))
+    result = subprocess.run([PROMTOOL, "test", "rules", str(tests)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_rules_and_the_dashboard_use_only_exported_metrics(exported_names):
+    used_by_rules = set(METRIC.findall(_rules_text()))
+    dashboard = _dashboard()
+    expressions = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    expressions.append(dashboard["templating"]["list"][1]["query"]["query"])
+    used_by_dashboard = set(METRIC.findall("\n".join(expressions)))
+    assert used_by_rules and used_by_dashboard
+    assert used_by_rules - exported_names == set()
+    assert used_by_dashboard - exported_names == set()
+    assert "jobledger_recent_run_duration_seconds_bucket" in used_by_dashboard
+
+
+def test_the_dashboard_is_a_grafana_dashboard():
+    dashboard = _dashboard()
+    assert dashboard["uid"] == "jobledger" and dashboard["schemaVersion"] >= 36
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids)) >= 10
+    for panel in dashboard["panels"]:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert {"x", "y", "w", "h"} <= set(panel["gridPos"]), panel["title"]
+    assert {variable["name"] for variable in dashboard["templating"]["list"]} == {"datasource", "job"}
