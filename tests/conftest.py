@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import tempfile
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 from pytest_postgresql.janitor import DatabaseJanitor
 
+from clockseam import LedgerClock
+from skips import skip_reason, skip_summary
 from ledger.migrate import install_script
 
 
@@ -166,30 +165,8 @@ def db(connect: Callable[..., psycopg.Connection]) -> psycopg.Connection:
     return connect()
 
 
-class LedgerClock:
-    """The ledger's clock seam (sql/12_clock.sql), moved as the database's owner.
-
-    advance() redefines ledger._clock_offset(): every lease, slot and health
-    bound of that database sees the time move at once, without sleeping it
-    out. The Python client's own deadlines (time.monotonic) do not move.
-    """
-
-    def __init__(self, conn: psycopg.Connection) -> None:
-        self._conn = conn
-        self.offset = timedelta(0)
-
-    def advance(self, by: timedelta) -> None:
-        assert by > timedelta(0), "the ledger's clock only moves forward"
-        self.offset += by
-        # The offset as a literal: a function body takes no parameters.
-        seconds = f"{self.offset.total_seconds():.6f}"
-        self._conn.execute(
-            "CREATE OR REPLACE FUNCTION ledger._clock_offset() RETURNS interval LANGUAGE sql STABLE "
-            f"PARALLEL SAFE AS $$ SELECT interval '{seconds} seconds' $$")  # type: ignore[arg-type]
-
-
 @pytest.fixture
-def ledger_clock(connect: Callable[..., psycopg.Connection]) -> LedgerClock:
+def ledger_clock(connect: Callable[..., psycopg.Connection]) -> LedgerClock:  # tests/clockseam.py
     """Move the test database's ledger clock forward: `ledger_clock.advance(timedelta(hours=1))`."""
     return LedgerClock(connect())
 
@@ -249,40 +226,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # -- the skip summary: the last line of the run -------------------------------------------------------
 #
-# A skip reason says what would run the test: "needs WHAT (HOW TO GET IT)", and after a colon
-# why, if that needs saying. The run ends with one line that counts the skips by what they need:
-#   skipped 5: 3 need chromium (apt-get install chromium chromium-driver), 2 need promtool (apt-get ...)
-NEEDS = re.compile(r"^needs (?P<what>[^()]+?) \((?P<how>[^()]+)\)")
-
-
-def skip_reason(report: pytest.TestReport) -> str:
-    longrepr = report.longrepr
-    if isinstance(longrepr, (tuple, list)) and len(longrepr) == 3:
-        text = str(longrepr[2])
-    else:
-        text = str(longrepr)
-    return text.removeprefix("Skipped: ")
-
-
-def skip_summary(reasons: list[str]) -> str:
-    """``skipped N: K need WHAT (HOW), ...``, the most frequent first; a reason not in that form last, as it is."""
-    needs: Counter[str] = Counter()
-    other: Counter[str] = Counter()
-    for reason in reasons:
-        found = NEEDS.match(reason)
-        if found:
-            needs[f"{found['what']} ({found['how']})"] += 1
-        else:
-            other[reason] += 1
-    parts = [f"{n} {'needs' if n == 1 else 'need'} {what}" for what, n in sorted(needs.items(), key=_most)]
-    parts += [f"{n} other: {reason}" for reason, n in sorted(other.items(), key=_most)]
-    return f"skipped {len(reasons)}" + (f": {', '.join(parts)}" if parts else "")
-
-
-def _most(item: tuple[str, int]) -> tuple[int, str]:
-    return -item[1], item[0]
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     # After pytest's own last line ("N passed, M skipped in ..."); in the xdist controller
     # (the workers' reports reach it), or in the one process of a serial run.

@@ -26,7 +26,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from clihelp import environment, jobledger, start, wait_for
+from clihelp import environment, jobledger, start
+from waiting import wait_for
 
 from ledger.client import Ledger
 from ledger.models import Event
@@ -364,7 +365,7 @@ def test_the_environment_variable_delivers(dsn, db, receiver):
     assert len(receiver.requests) == 2 and SECRET not in done.stdout + done.stderr
 
 
-@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc/PID/cmdline, what ps shows")
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc (Linux): it reads /proc/PID/cmdline, what ps shows")
 def test_a_running_notifier_given_a_file_or_the_environment_shows_no_url_to_ps(dsn, receiver, tmp_path):
     hook_file = tmp_path / "webhook"
     hook_file.write_text(_url(receiver))

@@ -31,6 +31,8 @@ from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 from pytest_postgresql.janitor import DatabaseJanitor
 
+from clockseam import LedgerClock
+from docpages import page_blocks
 from ledger.cli import main
 from ledger.report import (
     ALLOWED_FUNCTIONS, ReportRejected, check, load_catalog, read_only_transaction, run_read_only, run_report,
@@ -79,7 +81,7 @@ def _build(conn: psycopg.Connection) -> dict[str, Any]:
     first = one(conn, "SELECT * FROM ledger.start_due_run('tick', 'host-a')")
     assert first is not None and first["outcome"] == "started"
     _complete(conn, first)
-    time.sleep(0.8)  # three or so 250 ms slots go by; the bound of 1 drops all but the newest
+    LedgerClock(conn).advance(timedelta(milliseconds=800))  # three 250 ms slots go by; the bound of 1 drops all but the newest
     second = one(conn, "SELECT * FROM ledger.start_due_run('tick', 'host-a')")
     assert second is not None and second["outcome"] == "started"
     _complete(conn, second)
@@ -696,10 +698,8 @@ def docs_login(dsn):
 def test_the_reports_section_creates_its_login_then_reports_through_it_as_written(dsn, docs_login, tmp_path):
     """Its blocks in order, in a shell whose PG* variables name the ledger as its superuser (the
     login a new user has, which reports refuse): the SQL through psql, the commands through sh."""
-    from test_docs_examples import page_blocks
-
     if shutil.which("psql") is None:
-        pytest.skip("psql is not installed")
+        pytest.skip("needs psql (apt-get install postgresql-client)")
     with psycopg.connect(dsn, autocommit=True) as owner:  # a failure for the reports to find
         owner.execute("SELECT ledger.register_job('nightly', ttl => '10 minutes')")
         _fail(owner, _start(owner, "nightly", "host-1"), "disk full")

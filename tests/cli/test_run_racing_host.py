@@ -16,13 +16,13 @@ CMD, exit 0 (or --skip-exit-code):
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from clihelp import jobledger
+from repo import DOCS
 
-CLI_DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+CLI_DOCS = DOCS / "cli.md"
 
 
 def _counted(dsn: str, job: str) -> tuple[int, float]:

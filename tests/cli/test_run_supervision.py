@@ -14,7 +14,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from clihelp import JOBLEDGER, environment, runs_of, start, wait_for
+from clihelp import JOBLEDGER, environment, runs_of, start
+from waiting import wait_for
 
 # CMD: notes its pid and its background child's pid, then runs until killed (its output away from the
 # test's pipes, which a survivor would hold open). STUBBORN ignores SIGTERM (and so does its child):

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from clihelp import wait_for
+from waiting import wait_for
 from sqlhelp import value
 
 from ledger import tail

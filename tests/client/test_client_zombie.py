@@ -56,7 +56,7 @@ ZOMBIE = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_frozen_process_loses_the_lease_and_its_fenced_write_is_rejected(mode, dsn, db, tmp_path):
+def test_a_frozen_process_loses_the_lease_and_its_fenced_write_is_rejected(mode, dsn, db, tmp_path, ledger_clock):
     db.execute("CREATE TABLE reports (writer text, token bigint)")
     script = tmp_path / "zombie.py"
     script.write_text(ZOMBIE)
@@ -67,7 +67,7 @@ def test_a_frozen_process_loses_the_lease_and_its_fenced_write_is_rejected(mode,
         assert zombie.stdout.readline().split() == ["started", "1"]
         time.sleep(0.5)  # a heartbeat or so while alive
         os.kill(zombie.pid, signal.SIGSTOP)
-        time.sleep(1.5)  # frozen past its 1 s ttl
+        ledger_clock.advance(timedelta(seconds=1.5))  # frozen past its 1 s ttl, as the ledger's clock tells
 
         with Ledger(db, owner="successor").run("frozen", ttl=timedelta(seconds=30)) as successor:
             assert successor.started and successor.token == 2

@@ -30,18 +30,18 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
-from clihelp import JOBLEDGER, environment, jobledger_on_path, runs_of, wait_for
+from clihelp import JOBLEDGER, environment, jobledger_on_path, runs_of
+from waiting import wait_for
 
 from ledger.resources import sql_files
+from docpages import MARKER, MARKER_LIKE, Block, all_blocks, page_blocks, pages, pages_with_examples_here
 from repo import ROOT
 
 SCHEDULES = any("ledger.start_due_run" in path.read_text() for path in sql_files())
-EXECUTED = ("python", "sql")
 THIS = "tests/docs/test_docs_examples.py"
 
 # Blocks executed before the examples moved out of the README into docs/:
@@ -49,79 +49,6 @@ THIS = "tests/docs/test_docs_examples.py"
 # report examples, and docs/pg_cron.md's 3 cron lines (14). Since then README.md
 # runs its own sql, python and command line examples too (17).
 EXECUTED_AT_LEAST = 17
-
-MARKER = re.compile(r"^<!--\s*(?:executed by (?P<by>tests/[\w/]+\.py)\b.*?|not executed:(?P<reason>.*?))\s*-->$")
-MARKER_LIKE = re.compile(r"^<!--\s*(?:not )?executed\b", re.IGNORECASE)
-FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,})(?P<lang>[^\s`]*)[^`]*$")
-HEADING = re.compile(r"^(#{1,6})[ \t]+(.*?)[ \t#]*$")
-
-
-def pages() -> list[str]:
-    """Every page whose examples count, relative to the repository root."""
-    found = ["README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))]
-    return found + [name for name in ("RELIABILITY.md", "BENCHMARKS.md", "CHANGELOG.md") if (ROOT / name).exists()]
-
-
-@dataclass(frozen=True)
-class Block:
-    page: str
-    line: int  # of the opening fence, 1-based
-    lang: str
-    body: str
-    section: str  # the ## heading it is under ("" before the first)
-    executed_by: str | None  # a test file, from an `executed by` marker
-    not_executed: str | None  # the reason, from a `not executed` marker
-
-    @property
-    def runs_here(self) -> bool:
-        return self.lang in EXECUTED and self.executed_by is None and self.not_executed is None
-
-    @property
-    def where(self) -> str:
-        return f"{self.page}:{self.line}"
-
-
-def page_blocks(page: str) -> list[Block]:
-    """The fenced blocks of ``page`` in document order, with their markers."""
-    lines = (ROOT / page).read_text().splitlines()
-    blocks: list[Block] = []
-    section = ""
-    previous = ""  # the last non-blank line outside a fence
-    number = 0
-    while number < len(lines):
-        line = lines[number]
-        opening = FENCE.match(line)
-        if opening is None:
-            heading = HEADING.match(line)
-            if heading and len(heading.group(1)) == 2:
-                section = heading.group(2)
-            if line.strip():
-                previous = line.strip()
-            number += 1
-            continue
-        indent, fence = opening.group("indent"), opening.group("fence")
-        body: list[str] = []
-        end = number + 1
-        while end < len(lines) and not re.match(rf"^[ \t]*{fence}`*[ \t]*$", lines[end]):
-            body.append(lines[end][len(indent):] if lines[end].startswith(indent) else lines[end].lstrip())
-            end += 1
-        marker = MARKER.match(previous)
-        blocks.append(Block(
-            page=page, line=number + 1, lang=opening.group("lang").lower(), body="".join(f"{b}\n" for b in body),
-            section=section, executed_by=marker.group("by") if marker else None,
-            not_executed=marker.group("reason").strip() if marker and marker.group("reason") is not None else None))
-        previous = ""
-        number = end + 1
-    return blocks
-
-
-def all_blocks() -> list[Block]:
-    return [block for page in pages() for block in page_blocks(page)]
-
-
-def pages_with_examples_here() -> list[str]:
-    return [page for page in pages() if any(block.runs_here for block in page_blocks(page))]
-
 
 # -- the rule itself -----------------------------------------------------------------------------
 

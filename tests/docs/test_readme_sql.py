@@ -16,7 +16,7 @@ import shutil
 import subprocess
 
 import pytest
-from test_docs_examples import page_blocks
+from docpages import page_blocks
 
 PAGE = "docs/sql.md"
 PASTED = ("README.md", PAGE)
@@ -52,7 +52,7 @@ def test_the_sql_examples_run_through_psql(dsn, db, heading):
 @pytest.mark.parametrize("page", PASTED)
 def test_every_sql_block_of_the_page_runs_pasted_in_order_into_a_fresh_ledger(dsn, db, page):
     if shutil.which("psql") is None:
-        pytest.skip("psql is not installed")
+        pytest.skip("needs psql (apt-get install postgresql-client)")
     blocks = [block for block in page_blocks(page) if block.lang == "sql"]
     pasted = [block for block in blocks if block.not_executed is None]
     assert pasted, f"{page} shows no SQL"

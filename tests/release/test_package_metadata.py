@@ -15,10 +15,10 @@ import pytest
 
 import ledger
 from ledger import resources
+from repo import ROOT
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 
-from conftest import NEEDS, skip_summary
+from skips import NEEDS, skip_summary
 from repo import TESTS
 
 

@@ -89,12 +89,12 @@ def old_client(tmp_path: Path) -> Path:
         root = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=HERE, capture_output=True,
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"not a git checkout: the {RELEASE} client (commit {RELEASE_COMMIT}) cannot be taken from git")
+        pytest.skip(f"needs a git checkout (git clone): the {RELEASE} client, commit {RELEASE_COMMIT}, is taken from git")
     found = subprocess.run(["git", "-C", root, "cat-file", "-e", f"{RELEASE_COMMIT}^{{commit}}"],
                            capture_output=True)
     if found.returncode != 0:
-        pytest.skip(f"commit {RELEASE_COMMIT} (release {RELEASE}) is not in this repository "
-                    "(a shallow clone or an sdist?): the 0.1.0 client cannot be taken from git")
+        pytest.skip(f"needs commit {RELEASE_COMMIT} of release {RELEASE} (a full git clone, not a shallow one): "
+                    "the client is taken from git")
     target = tmp_path / f"client-{RELEASE}"
     target.mkdir()
     archive = tmp_path / "client.tar"
@@ -442,7 +442,7 @@ def test_a_call_in_flight_across_the_migration_gets_a_documented_answer(new_data
     head = migrate.head()
     assert head != RELEASE_REVISION
     if action == "downgrade" and not _offers_downgrade(head):
-        pytest.skip(f"revision {head} offers no downgrade")
+        pytest.skip(f"needs a revision with a downgrade (revision {head} offers none)")
     start, target = (RELEASE_REVISION, head) if action == "upgrade" else (head, RELEASE_REVISION)
     dsn = new_database()
     migrate.upgrade(dsn, start)
@@ -476,7 +476,8 @@ def test_a_call_in_flight_across_the_migration_gets_a_documented_answer(new_data
         assert not thread.is_alive()
         if migrated >= 0.9 and answer.get("row", (None,))[0] == "skipped_overlap":
             # The call gave up on the row first (the contract's 1 s): it did not straddle the commit.
-            pytest.skip(f"the {action} took {migrated:.2f} s, past the call's 1 s wait for the lease row")
+            pytest.skip(f"needs a {action} shorter than the call's 1 s wait for the lease row (a less loaded "
+                        f"machine): it took {migrated:.2f} s")
     assert migrate.current(dsn) == target
     # A documented answer: the run starts, with the next token (the lease was free once the row was).
     assert answer == {"row": ("started", token + 1)}, answer

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
@@ -21,20 +20,11 @@ import psycopg
 import pytest
 
 from sqlhelp import one, value
+from waiting import wait_for
 
 # What the contract documents for the calls below (docs/contract.md: the LD
 # codes, 22023/22004 for arguments, 55P03 for a lock wait given up).
 DOCUMENTED = {"LD001", "LD002", "LD003", "LD004", "LD005", "LD006", "22023", "22004", "55P03"}
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def waiting_on_a_lock(observer: psycopg.Connection, pid: int) -> bool:
@@ -126,7 +116,7 @@ def test_a_call_on_a_run_deleted_while_it_waited_for_the_lease_row_answers_ld004
             "fail_run": "SELECT * FROM ledger.fail_run(%s, %s, 'again')",
             "heartbeat": "SELECT ledger.heartbeat(%s, %s) AS alive"}[end]
     waiting = Call(connect, call, [run["run_id"], run["token"]])
-    wait_for(lambda: waiting_on_a_lock(db, waiting.pid), f"{end} to wait for the lease row")
+    wait_for(lambda: waiting_on_a_lock(db, waiting.pid), what=f"{end} to wait for the lease row")
     holder.execute("DELETE FROM ledger.job_execution_log WHERE run_id = %s", [run["run_id"]])
     holder.commit()
 
@@ -148,7 +138,7 @@ def test_start_due_run_while_unregister_job_commits_answers_ld005_and_starts_not
         unregister = connect(autocommit=False)
         unregister.execute("SELECT ledger.unregister_job('minutely')")
         start = Call(connect, "SELECT outcome FROM ledger.start_due_run('minutely', 'h')")
-        wait_for(lambda: waiting_on_a_lock(db, start.pid), "the start to wait for the lease row")
+        wait_for(lambda: waiting_on_a_lock(db, start.pid), what="the start to wait for the lease row")
         unregister.commit()
         outcome = start.outcome()
         if outcome != {"outcome": "skipped_overlap"}:
@@ -244,7 +234,7 @@ def test_an_idle_transaction_after_sync_alerts_holds_back_other_pollers_only_unt
     poller = connect()
     raised = wait_for(lambda: [e for e in poller.execute(
         "SELECT kind, job FROM ledger.sync_alerts()").fetchall() if e == ("alert_raised", "flaky")],
-        "another poller to record the alert", timeout=90)
+        what="another poller to record the alert", timeout=90)
 
     assert raised == [("alert_raised", "flaky")]
     # The idle session was ended by the server, not left holding the lock.

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from clockseam import LedgerClock
 from ledger.cli import main
 from ledger.metrics import LedgerCollector, exposition, registry
 from sqlhelp import one, rows
@@ -58,7 +59,7 @@ def ledger(db) -> dict[str, Any]:
     first = one(db, "SELECT * FROM ledger.start_due_run('tick', 'host-a')")
     assert first is not None
     db.execute("SELECT ledger.complete_run(%s, %s)", (first["run_id"], first["token"]))
-    time.sleep(0.7)  # tick misses slots (the bound of 1 drops them); late never runs: overdue
+    LedgerClock(db).advance(timedelta(milliseconds=700))  # tick misses slots (the bound of 1 drops them); late never runs: overdue
     second = one(db, "SELECT * FROM ledger.start_due_run('tick', 'host-a')")
     assert second is not None and second["outcome"] == "started"
     db.execute("SELECT ledger.complete_run(%s, %s)", (second["run_id"], second["token"]))
