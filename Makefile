@@ -19,6 +19,7 @@ help:
 	@echo "make docs       build the documentation site into site/ (mkdocs build --strict)"
 	@echo "make test-matrix     the SQL tests on PostgreSQL 13 to 18; writes docs/support.md"
 	@echo "make test-matrix-ci  the same on the oldest and the newest (13, 18), as CI runs it"
+	@echo "make test-drivers     the examples/ of every client stack, directly and behind PgBouncer"
 
 venv: $(STAMP)
 
@@ -96,3 +97,4 @@ clean:
 
 -include Makefile.migrations
 -include Makefile.package
+-include Makefile.drivers
