@@ -378,6 +378,30 @@ def test_a_racing_worker_of_the_same_stack_skips_while_the_first_works(example, 
                       "WHERE job = 'nightly'").fetchone() == (1, 1)
 
 
+def test_a_lost_lease_stops_the_work_and_nothing_is_written(example, db):
+    # The lease is taken over while the work (20 s) runs: the next heartbeat (ttl/3 = 1 s)
+    # returns NULL, the work stops early, nothing is written and ending the run is refused.
+    began = time.monotonic()
+    worker = example.spawn("run", "nightly", "worker-1", "--ttl=3", "--work-ms=20000")
+    deadline = time.monotonic() + 30
+    while db.execute("SELECT count(*) FROM ledger.job_execution_log WHERE job = 'nightly'").fetchone() != (1,):
+        if worker.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the worker's run never became visible:\n{Example.result(worker)}")
+        time.sleep(0.02)
+    db.execute("UPDATE ledger.leases SET expires_at = clock_timestamp() - interval '1 second' WHERE job = 'nightly'")
+    _start(db, "nightly", "thief", "1 minute")
+
+    out = Example.result(worker)
+    assert time.monotonic() - began < 15, "the work was not stopped when the lease was lost"
+    assert (out["outcome"], out["wrote"]) == ("started", False)
+    assert out["error"]["code"] is None and "lease lost" in out["error"]["message"]
+    assert out["end_error"]["code"] == "LD001"
+    assert _writes(db) == []
+    assert db.execute("SELECT owner, status, failure_reason FROM ledger.job_execution_log "
+                      "ORDER BY run_id").fetchall() == [
+        ("worker-1", "failure", "lease_expired"), ("thief", "running", None)]
+
+
 def test_a_zombie_write_after_a_takeover_gets_ld001_and_never_commits(example, db):
     _, old_run, old_token, _ = _start(db, "nightly", "old-host", "50 milliseconds")
     _expire(db, "nightly", old_token)
