@@ -43,6 +43,7 @@ strings); they are compared here as integers, so one rounded on the way fails.
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -549,3 +550,33 @@ def test_a_start_run_left_in_the_drivers_own_transaction_hides_the_run(open_tran
         assert db.execute("SELECT count(*) FROM ledger.job_execution_log").fetchone() == (0,)
     finally:
         close()
+
+
+DOCS = EXAMPLES.parent / "docs" / "sql-clients.md"
+EXCERPT = re.compile(r"^<!-- executed by tests/field/test_drivers\.py \(an excerpt of (?P<file>examples/\S+)\) -->$")
+
+
+def _excerpts() -> list[tuple[int, str, list[str]]]:
+    """docs/sql-clients.md's blocks marked as excerpts of an example: (line, file, the block's lines)."""
+    lines = DOCS.read_text().splitlines()
+    found = []
+    for number, line in enumerate(lines):
+        marker = EXCERPT.match(line.strip())
+        if marker:
+            start = next(n for n in range(number + 1, len(lines)) if lines[n].strip())
+            end = next(n for n in range(start + 1, len(lines)) if lines[n].strip().startswith("```"))
+            found.append((number + 1, marker["file"], lines[start + 1:end]))
+    return found
+
+
+def test_the_excerpts_in_sql_clients_md_are_the_tested_examples_code():
+    # The code docs/sql-clients.md shows is the code this file runs: every line of an excerpt,
+    # in order, is a line of the example it names (indentation aside).
+    excerpts = _excerpts()
+    assert len(excerpts) >= 8
+    for line, name, block in excerpts:
+        source = [text.strip() for text in (EXAMPLES.parent / name).read_text().splitlines()]
+        position = 0
+        for text in (t.strip() for t in block if t.strip()):
+            assert text in source[position:], f"docs/sql-clients.md:{line}: not in {name} (in order): {text}"
+            position = source.index(text, position) + 1
