@@ -19,6 +19,7 @@ help:
 	@echo "make docs       build the documentation site into site/ (mkdocs build --strict)"
 	@echo "make test-matrix     the SQL tests on PostgreSQL 13 to 18; writes docs/support.md"
 	@echo "make test-matrix-ci  the same on the oldest and the newest (13, 18), as CI runs it"
+	@echo "make test-drivers     the examples/ of every client stack, directly and behind PgBouncer"
 
 venv: $(STAMP)
 
@@ -40,12 +41,12 @@ PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
 	@pytest_status=0; mypy_status=0; \
 	$(VENV)/bin/mypy --strict ledger || mypy_status=$$?; \
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) || pytest_status=$$?; \
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) --ignore=tests/drivers || pytest_status=$$?; \
 	if [ $$pytest_status -ne 0 ] || [ $$mypy_status -ne 0 ]; then \
 		echo "make test: pytest exit $$pytest_status, mypy exit $$mypy_status"; exit 1; fi
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not cluster" -x $(PYTEST_PARALLEL)
+	$(PY) -m pytest -q -m "not cluster" -x $(PYTEST_PARALLEL) --ignore=tests/drivers
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict ledger
@@ -104,3 +105,4 @@ clean:
 
 -include Makefile.migrations
 -include Makefile.package
+-include Makefile.drivers

@@ -43,15 +43,20 @@ function print(result) {
 // The ledger's errors: err.code is the SQLSTATE (LD001..LD006 for the
 // ledger's own, 22004 for a NULL argument, 22023 for an invalid one) and
 // err.detail a JSON object of facts (job, token, current_token, holder, ...).
-// Numbers in it come back from JSON.parse as Number, exact below 2^53 (about
-// two million promotions away): use BigInt(detail.current_token) to compare
-// one with a token.
+// JSON.parse makes every number a Number, which rounds integers past 2^53
+// (about two million promotions away, but a token can get there): parseExact
+// keeps those as their decimal strings. Use BigInt(detail.current_token),
+// exact for both, to compare one with a token.
+const JSON_TOKENS = /"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?/g;
+const parseExact = (text) => JSON.parse(text.replace(JSON_TOKENS, (t) => (
+  t[0] !== '"' && /^-?\d+$/.test(t) && !Number.isSafeInteger(Number(t)) ? `"${t}"` : t)));
+
 function describe(err) {
   if (!(err instanceof pg.DatabaseError)) return { code: null, message: String(err?.message ?? err), detail: null };
   let detail = err.detail ?? null;
   if (detail?.startsWith('{')) {
     try {
-      detail = JSON.parse(detail);
+      detail = parseExact(detail);
     } catch {
       // not JSON after all: keep the text
     }
