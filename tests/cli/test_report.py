@@ -689,7 +689,7 @@ def test_an_allowed_function_runs_as_rendered(reader, name):
 @pytest.fixture
 def docs_login(dsn):
     """A name of this test's own for the page's `reports` login (roles are cluster-wide), dropped at the end."""
-    name = f"ledger_docs_reports_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    name = f"test_docs_reports_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     yield name
     with psycopg.connect(dsn, autocommit=True) as owner:
         owner.execute(f'DROP ROLE IF EXISTS "{name}"')
