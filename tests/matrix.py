@@ -47,6 +47,8 @@ SQL_TESTS = (
     "tests/sql/test_plpgsql_check.py", "tests/docs/test_readme_sql.py", "tests/release/test_install.py",
     "tests/sql/test_health.py", "tests/sql/test_preview.py", "tests/sql/test_hotpath_state.py",
     "tests/client/test_queries.py", "tests/sql/test_purge.py",
+    "tests/sql/test_clock_seam.py", "tests/sql/test_races_and_lock_waits.py",
+    "tests/release/test_upgrade_paths.py",
 )
 
 
