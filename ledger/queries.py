@@ -544,3 +544,132 @@ SELECT h.job, h.bucket, count(*) AS runs, sum(h.seconds)::float8 AS seconds
  GROUP BY h.job, h.bucket
  ORDER BY h.job, h.bucket
 """
+
+# -- jobledger verify (ledger.verify) -------------------------------------------
+# The checks of `jobledger verify`: the catalogs it reads about the path, the
+# role, replication and the xmin horizon, and what it reads back of its scratch
+# jobs (jobledger-verify:...). Its ledger calls are the client's own (above).
+
+# Where the connection landed, as the server sees it (behind a pooler: the server's address).
+VERIFY_TARGET = """
+SELECT current_database() AS dbname, current_user AS role, current_setting('server_version') AS server_version,
+       host(inet_server_addr()) AS server_addr, inet_server_port() AS server_port
+"""
+
+# The connecting role: superuser, member of ledger_owner, may use ledger_client / ledger_reader, may
+# start a run. Over the catalogs and oids: NULL, not an error, for a role or schema that does not exist
+# (before an install) or that this role may not use (to_regprocedure needs USAGE on the schema).
+VERIFY_ROLE = """
+WITH f AS (
+    SELECT p.oid FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+     WHERE n.nspname = 'ledger' AND p.proname = 'start_due_run'
+)
+SELECT r.rolname::text AS role, r.rolsuper AS superuser,
+       EXISTS (SELECT FROM f) AS installed,
+       coalesce(pg_has_role(r.oid, to_regrole('ledger_owner'), 'MEMBER'), false) AS owner_member,
+       coalesce(pg_has_role(r.oid, to_regrole('ledger_client'), 'USAGE'), false) AS client,
+       coalesce(pg_has_role(r.oid, to_regrole('ledger_reader'), 'USAGE'), false) AS reader,
+       coalesce(has_schema_privilege(r.oid, to_regnamespace('ledger'), 'USAGE')
+                AND has_function_privilege(r.oid, (SELECT f.oid FROM f LIMIT 1), 'EXECUTE'), false) AS can_start
+  FROM pg_catalog.pg_roles AS r
+ WHERE r.rolname = current_user
+"""
+
+# The ledger's clock seam (zero in every install but a test database's).
+VERIFY_CLOCK_SEAM = "SELECT extract(epoch FROM ledger._clock_offset())::float8"
+
+# Which server connection a transaction ran on (a transaction pooler moves a client between them).
+VERIFY_BACKEND_PID = "SELECT pg_backend_pid()"
+
+VERIFY_REPLICATION = """
+SELECT current_setting('synchronous_standby_names') AS synchronous_standby_names,
+       current_setting('synchronous_commit') AS synchronous_commit,
+       pg_is_in_recovery() AS in_recovery,
+       pg_has_role('pg_read_all_stats', 'USAGE') AS sees_all
+"""
+
+# The standbys streaming from this server (their states are hidden from a role without pg_read_all_stats).
+VERIFY_STANDBYS = """
+SELECT s.application_name, s.state, s.sync_state, s.client_addr::text AS client_addr,
+       extract(epoch FROM s.replay_lag)::float8 AS replay_lag_seconds
+  FROM pg_catalog.pg_stat_replication AS s
+ ORDER BY s.application_name, s.pid
+"""
+
+# What holds back the xmin horizon of this database: sessions with a snapshot or a transaction id
+# (a session of another role shows its pid and ages, not its state), ...
+VERIFY_HORIZON_SESSIONS = """
+SELECT a.pid, a.usename::text AS role, a.application_name, a.backend_type, a.state,
+       greatest(age(a.backend_xmin), age(a.backend_xid)) AS xid_age,
+       extract(epoch FROM clock_timestamp() - a.xact_start)::float8 AS transaction_seconds,
+       extract(epoch FROM clock_timestamp() - a.state_change)::float8 AS state_seconds,
+       left(a.query, 200) AS query
+  FROM pg_catalog.pg_stat_activity AS a
+ WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+   AND a.pid <> pg_backend_pid()
+   AND (a.datname = current_database() OR a.datname IS NULL)
+   AND a.backend_type IS DISTINCT FROM 'autovacuum worker'
+ ORDER BY xid_age DESC NULLS LAST, a.pid
+ LIMIT 10
+"""
+
+# ... replication slots that keep an xmin (a standby's hot_standby_feedback), ...
+VERIFY_HORIZON_SLOTS = """
+SELECT s.slot_name::text AS slot_name, s.slot_type, s.active, age(s.xmin) AS xid_age
+  FROM pg_catalog.pg_replication_slots AS s
+ WHERE s.xmin IS NOT NULL
+ ORDER BY age(s.xmin) DESC
+"""
+
+# ... and prepared transactions, which outlive every session.
+VERIFY_HORIZON_PREPARED = """
+SELECT p.gid, p.owner::text AS role, p.database::text AS dbname, age(p.transaction) AS xid_age,
+       extract(epoch FROM clock_timestamp() - p.prepared)::float8 AS seconds
+  FROM pg_catalog.pg_prepared_xacts AS p
+ ORDER BY p.prepared
+"""
+
+# Dead versions on the ledger's hot rows: every start, heartbeat and end updates a lease row and a
+# counters row (skip counts: every skip), and only vacuum past the horizon removes the old versions.
+VERIFY_HOT_ROWS = """
+SELECT t.relname::text AS table_name, t.n_live_tup AS live, t.n_dead_tup AS dead,
+       greatest(t.last_autovacuum, t.last_vacuum) AS last_vacuum
+  FROM pg_catalog.pg_stat_user_tables AS t
+ WHERE t.schemaname = 'ledger' AND t.relname IN ('leases', 'counters', 'skip_counts')
+ ORDER BY t.relname
+"""
+
+# The racing workers' job: its runs per slot.
+VERIFY_SLOT_RUNS = """
+SELECT r.slot, count(*) FILTER (WHERE r.status = 'success') AS successes, count(*) AS runs
+  FROM ledger.job_execution_log AS r
+ WHERE r.job = %(job)s AND r.slot IS NOT NULL
+ GROUP BY r.slot
+ ORDER BY r.slot
+"""
+
+VERIFY_DUPLICATES = """
+SELECT d.kind, d.value, d.run_ids
+  FROM ledger.duplicates AS d
+ WHERE d.job = %(job)s
+"""
+
+# The time left of a lease as committed (a read: it does not wait for the lease row's lock).
+VERIFY_LEASE_TIME_LEFT = """
+SELECT extract(epoch FROM l.expires_at - clock_timestamp())::float8
+  FROM ledger.leases AS l
+ WHERE l.job = %(job)s AND l.token = %(token)s
+"""
+
+# The zombie check's fenced write: a table of its transaction's own (never outlives it, so it is
+# safe behind a transaction pooler and leaves nothing behind), written in the statement that makes it.
+VERIFY_FENCED_WRITE = "CREATE TEMP TABLE jobledger_verify_write ON COMMIT DROP AS SELECT %(token)s::bigint AS token"
+
+# What the scratch jobs leave: no registration and no run; their lease rows and fences stay (the
+# token high-water marks).
+VERIFY_SCRATCH_REMAINS = """
+SELECT (SELECT count(*) FROM ledger.jobs AS j WHERE j.job = ANY(%(jobs)s::text[])) AS jobs,
+       (SELECT count(*) FROM ledger.job_execution_log AS r WHERE r.job = ANY(%(jobs)s::text[])) AS runs,
+       (SELECT count(*) FROM ledger.leases AS l WHERE l.job = ANY(%(jobs)s::text[])) AS leases,
+       (SELECT count(*) FROM ledger.fences AS f WHERE f.resource = ANY(%(resources)s::text[])) AS fences
+"""

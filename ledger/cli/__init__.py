@@ -13,7 +13,8 @@ group of commands:
 - ``ledger.cli.report``: ``report`` (``ledger.report``);
 - ``ledger.cli.metrics``: ``metrics`` (``ledger.metrics``);
 - ``ledger.cli.web``: ``web``, the dashboard (``ledger.web``);
-- ``ledger.cli.demo``: ``demo`` (``ledger.demo``).
+- ``ledger.cli.demo``: ``demo`` (``ledger.demo``);
+- ``ledger.cli.verify``: ``verify``, the guarantees checked where you run (``ledger.verify``).
 
 What they share: ``ledger.cli._options`` (``--dsn``, ``--json``, durations,
 the connection) and ``ledger.cli._output`` (messages, one-line errors). The
@@ -35,7 +36,7 @@ import sys
 import click
 
 from ledger import __version__
-from ledger.cli import demo, events, install, jobs, metrics, notify, report, run, status, web
+from ledger.cli import demo, events, install, jobs, metrics, notify, report, run, status, verify, web
 from ledger.cli import next as preview  # not `next`: the builtin
 from ledger.cli._output import Commands
 
@@ -60,6 +61,6 @@ def main() -> None:
         log.propagate = False
 
 
-for _module in (install, jobs, status, preview, events, notify, run, report, metrics, web, demo):
+for _module in (install, jobs, status, preview, events, notify, run, report, metrics, web, demo, verify):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -35,10 +35,12 @@ depending on how busy the machine is.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from clihelp import jobledger
 
 import autofailover as af
 
@@ -116,6 +118,23 @@ def facts_of(request: pytest.FixtureRequest, scenario: str) -> af.Facts:
 def test_pg_auto_failover_replicates_synchronously_by_default(ha: af.Formation) -> None:
     """number_sync_standbys 0 and replication-quorum true: synchronous_standby_names = 'ANY 1 (...)'."""
     assert ha.synchronous_standby_names().startswith("ANY 1 (pgautofailover_standby_")
+
+
+def test_jobledger_verify_holds_on_the_formation_and_reports_its_synchronous_standby(ha: af.Formation) -> None:
+    """`jobledger verify` over the multi-host DSN, before any failure: nothing fails, and commits wait for the
+    standby (a quorum of one), so a failover loses no acknowledged commit. Its scratch jobs are removed."""
+    done = jobledger("verify", "--json", dsn=ha.dsn(), timeout=120)
+    report = json.loads(done.stdout)
+    assert done.returncode == 0, (report, done.stderr)
+    assert "Warning" not in done.stderr  # every connection of its own follows the whole multi-host DSN
+    checks = {check["name"]: check for check in report["checks"]}
+    replication = checks["replication"]
+    assert replication["status"] == "held", replication
+    assert replication["facts"]["synchronous_standby_names"].startswith("ANY 1 (pgautofailover_standby_")
+    assert [standby["sync_state"] for standby in replication["facts"]["standbys"]] == ["quorum"]
+    assert replication["facts"]["a_failover_may_lose"] == "nothing acknowledged"
+    assert checks["path"]["status"] == "held"  # two hosts, target_session_attrs=read-write
+    assert report["cleanup"]["runs_left"] == 0 and report["cleanup"]["jobs_left"] == 0
 
 
 @pytest.mark.parametrize("check", list(CHECKS))
