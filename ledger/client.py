@@ -67,11 +67,13 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import psycopg
+from psycopg import Transaction
 from psycopg.rows import BaseRowFactory, class_row, dict_row, scalar_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -485,6 +487,37 @@ class _Holding:
     def advance_fence(self, conn: Connection, resource: str) -> bool:
         """The strict fence (one write per token): False when this token already wrote; LeaseLost when a newer one did."""
         return bool(self._fenced(conn, queries.ADVANCE_FENCE, resource))
+
+    @contextmanager
+    def transaction(self, conn: Connection) -> Iterator[Transaction]:
+        """``with run.transaction(conn):`` a transaction on ``conn`` that carries this token.
+
+        ``conn.transaction()`` (a savepoint inside a transaction of the
+        caller's), whose first statement sets ``ledger.job`` and
+        ``ledger.token`` for the rest of the transaction (``SET LOCAL``), so
+        that the tables ``ledger.protect`` guards accept its writes: each
+        write runs the job's fence itself (docs/protect.md). LeaseLost
+        without a round trip when the lease is known lost or its local
+        deadline has passed. A protected table's refusal raises as
+        ``fence`` does: LeaseLost (and the context marked lost) when the
+        token is no longer current (LD001) or a newer one wrote (LD002);
+        StaleToken as is when a strictly protected table was written with
+        this token in an earlier transaction; FenceOfAnotherJob as is.
+        """
+        token = self._require_token()
+        self._state.raise_if_lost()
+        try:
+            with translated():
+                with conn.transaction() as transaction:
+                    execute_in(conn, queries.CARRY_TOKEN, {"job": self.job, "token": str(token)}, scalar_row)
+                    yield transaction
+        except LeaseSuperseded as error:
+            raise self._state.mark_lost("a protected table found the token no longer current", error) from error
+        except StaleToken as error:
+            if error.facts.get("highest_token") == token:  # strict: this token wrote before, no takeover
+                raise
+            raise self._state.mark_lost("a protected table found a newer token of the job had written",
+                                        error) from error
 
     def _fenced(self, conn: Connection, query: str, resource: str) -> Any:
         token = self._require_token()
@@ -1158,6 +1191,18 @@ class Ledger:
 
     def resume_job(self, job: str) -> bool:
         return bool(self._call(queries.RESUME_JOB, {"job": job}, scalar_row)[0])
+
+    def protect(self, table: str, job: str, *, mode: str = "lenient") -> str:
+        """``ledger.protect``: refuse every write to ``table`` (a name, resolved in the connection's
+        search_path; the caller must own it) from a transaction that does not carry ``job``'s live
+        token. ``mode`` ``"strict"``: each token writes in one transaction only. Returns the fence's
+        resource, the table's qualified name."""
+        params = {"table": table, "job": job, "mode": mode}
+        return str(self._call(queries.PROTECT, params, scalar_row)[0])
+
+    def unprotect(self, table: str) -> bool:
+        """``ledger.unprotect``: the table takes any write again; False when it was not protected."""
+        return bool(self._call(queries.UNPROTECT, {"table": table}, scalar_row)[0])
 
     def due_slots(self, job: str, at: datetime | None = None) -> list[datetime]:
         return list(self._call(queries.DUE_SLOTS, {"job": job, "at": at}, scalar_row))

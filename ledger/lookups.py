@@ -42,3 +42,8 @@ def skipped_slots(conn: psycopg.Connection[Any], job: str) -> list[dict[str, Any
 def overlaps(conn: psycopg.Connection[Any], jobs: list[str] | None = None) -> list[dict[str, Any]]:
     """Rows of the overlap audit, of these jobs (None: all)."""
     return _rows(conn, queries.OVERLAPS, {"jobs": jobs})
+
+
+def protected_tables(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    """Every row of ``ledger.protected_tables`` (table, job, resource, mode, enabled), by job."""
+    return _rows(conn, queries.PROTECTED_TABLES, {})

@@ -66,6 +66,10 @@ FENCE = "SELECT ledger.fence(job => %(job)s, resource => %(resource)s, token => 
 # Strict: at most one fenced write per token; false when this token already wrote.
 ADVANCE_FENCE = "SELECT ledger.advance_fence(job => %(job)s, resource => %(resource)s, token => %(token)s)"
 
+# A transaction that carries the token (SET LOCAL, both in one round trip):
+# the tables ledger.protect guards run the fence themselves on every write.
+CARRY_TOKEN = "SELECT set_config('ledger.job', %(job)s, true), set_config('ledger.token', %(token)s, true)"
+
 # -- runs -------------------------------------------------------------------
 
 START_RUN = """
@@ -146,6 +150,18 @@ FORCE_RELEASE = "SELECT ledger.force_release(job => %(job)s)"
 REQUEST_CANCEL = "SELECT ledger.request_cancel(run_id => %(run_id)s)"
 
 RESUME_JOB = "SELECT ledger.resume_job(job => %(job)s)"
+
+# Protected tables (sql/45_protect.sql): the table's name goes as text and is
+# resolved by the cast to regclass in the caller's search_path.
+PROTECT = "SELECT ledger.protect(table_name => %(table)s::text::regclass, job => %(job)s, mode => %(mode)s)"
+
+UNPROTECT = "SELECT ledger.unprotect(table_name => %(table)s::text::regclass)"
+
+PROTECTED_TABLES = """
+SELECT p.table_name::text AS table_name, p.job, p.resource, p.mode, p.enabled
+  FROM ledger.protected_tables AS p
+ ORDER BY p.job, p.table_name::text
+"""
 
 DUE_SLOTS = "SELECT s FROM ledger.due_slots(job => %(job)s, at => %(at)s) AS s"
 

@@ -9,7 +9,10 @@ ttl/3), and ends the run with CMD's verdict.
 - CMD's environment: ``LEDGER_JOB``, ``LEDGER_RUN_ID``, ``LEDGER_FENCING_TOKEN``,
   ``LEDGER_SLOT``, ``LEDGER_OWNER`` and ``LEDGER_DSN``: what the job-aware
   fence needs, ``ledger.fence(job => <LEDGER_JOB>, resource => '...', token =>
-  <LEDGER_FENCING_TOKEN>)`` in the transaction of each write.
+  <LEDGER_FENCING_TOKEN>)`` in the transaction of each write. With
+  ``--pgoptions`` also ``PGOPTIONS`` (:func:`carried_options`): CMD's psql
+  sessions carry ``ledger.job`` and ``ledger.token``, which is what a table
+  that ``ledger.protect`` guards asks of a write.
 
 - CMD runs in its own process group, so a signal reaches the whole tree it
   starts (a shell script and its children), and a terminal's Ctrl-C reaches
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -105,6 +109,20 @@ class Options:
     retries: int = 0  # a failed attempt is tried again up to this many times
     backoff: timedelta = timedelta(seconds=30)  # the wait before the first retry, doubled each time
     backfill: tuple[datetime, datetime] | None = None  # `jobledger backfill`: the slots of this range
+    pgoptions: bool = False  # CMD's libpq sessions carry the token too (PGOPTIONS): protected tables accept them
+
+
+def carried_options(pgoptions: str, job: str, token: int | None) -> str:
+    """``pgoptions`` (the caller's PGOPTIONS) plus ``-c ledger.job=JOB -c ledger.token=N``.
+
+    Session settings of every libpq connection CMD opens without an ``options``
+    of its own (psql, pg_dump, ...), so a table that ``ledger.protect`` guards
+    accepts its writes while the token is live. Whitespace and backslashes in
+    the job's name are escaped as libpq's options want.
+    """
+    escaped = re.sub(r"([\\\s])", r"\\\1", job)
+    carried = f"-c ledger.job={escaped} -c ledger.token={token}"
+    return f"{pgoptions} {carried}" if pgoptions.strip() else carried
 
 
 class CommandFailed(Exception):
@@ -457,6 +475,8 @@ class Wrapper:
         })
         if self._options.dsn:
             env["LEDGER_DSN"] = self._options.dsn
+        if self._options.pgoptions:
+            env["PGOPTIONS"] = carried_options(env.get("PGOPTIONS", ""), run.job, run.token)
         return env
 
     def _execute(self, run: RunContext) -> _Ending:

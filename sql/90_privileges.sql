@@ -57,6 +57,16 @@ $pure$;
 GRANT EXECUTE ON FUNCTION ledger._clock_offset(), ledger._now(), ledger._view_now()
     TO ledger_client, ledger_reader;
 
+-- Protected tables (45_protect.sql): protect and unprotect run as their
+-- caller, a table's owner in ledger_client, and so do their two helpers
+-- (they read the catalog and lock the caller's own table). CREATE TRIGGER
+-- checks EXECUTE on the trigger function against the table's owner; a
+-- trigger function cannot be called but as a trigger, and it fires as
+-- ledger_owner whoever writes.
+GRANT EXECUTE ON FUNCTION ledger._owned_table(regclass, text), ledger._lock_for_protect(regclass, boolean, text),
+                          ledger._protect()
+    TO ledger_client;
+
 -- Least privilege for the ledger itself: everything in the schema belongs to
 -- ledger_owner (NOLOGIN, no other privileges), so a SECURITY DEFINER
 -- function runs as that role, never as the superuser who may have installed

@@ -47,6 +47,11 @@ ALLOWED_SQLSTATES = frozenset({"22004", "22023", "LD001", "LD002", "LD003", "LD0
 # where COMMIT is impossible); and it re-raises its command's error, whatever
 # the SQLSTATE, once the failed run records it (see check_call).
 PROCEDURE_SQLSTATES = frozenset({"25001", "2D000"})
+# protect and unprotect name a table (docs/contract.md, Protected tables):
+# one that does not exist (42P01), that the caller does not own (42501),
+# that is protected already (42710), whose lock is not had in time (55P03).
+TABLE_SQLSTATES = {"protect": frozenset({"42P01", "42501", "42710", "55P03"}),
+                   "unprotect": frozenset({"42P01", "42501", "55P03"})}
 
 # ------------------------------------------------------------------ the catalog
 
@@ -58,6 +63,7 @@ TYPE_NAMES = {
     "timestamp with time zone": "timestamptz",
     "jsonb": "jsonb",
     "boolean": "boolean",
+    "regclass": "regclass",
 }
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -465,6 +471,19 @@ def commands() -> st.SearchStrategy[str | None]:
     )
 
 
+# Tables to protect (the seed makes schema fuzz_protect): an ordinary one, a
+# view, a partitioned table, a table of the ledger, system catalogs, OIDs of
+# nothing; a name that resolves to nothing fails in the cast (no business of
+# the ledger).
+TABLES = ["fuzz_protect.target", "fuzz_protect.target_view", "fuzz_protect.parted", "ledger.fences",
+          "ledger.job_status", "pg_catalog.pg_class", "information_schema.sql_features", "4000000000", "0",
+          "no_such_table"]
+
+
+def tables() -> st.SearchStrategy[str | None]:
+    return st.one_of(st.none(), st.sampled_from(TABLES))
+
+
 # ------------------------------------------------------------------ values for a signature
 
 @dataclass
@@ -548,6 +567,10 @@ def strategy_for(arg: Arg, live: Live) -> st.SearchStrategy[Any]:
         return zones()
     if key == ("command", "text"):
         return commands()
+    if key == ("table_name", "regclass"):
+        return tables()
+    if key == ("mode", "text"):
+        return st.one_of(st.none(), st.sampled_from(["lenient", "strict", "", "Strict", "lenient ", "none"]), texts())
     if key in {("with_history", "boolean"), ("run_events", "boolean"), ("notify", "boolean")}:
         return st.one_of(st.none(), st.booleans())
     if key == ("max_events", "bigint"):
@@ -603,6 +626,8 @@ def friendly(live: Live) -> dict[str, st.SearchStrategy[Any]]:
         "schedule": st.none() | schedules(valid_only=True),
         "time_zone": zones(valid_only=True),
         "command": known(GOOD_COMMANDS),
+        "table_name": known(["fuzz_protect.target"]),
+        "mode": known(["lenient", "strict"]),
     }
 
 
@@ -736,6 +761,7 @@ FACT_SQL = {
     "bigint": "%s::bigint",
     "text": "%s::text IS NULL",
     "boolean": "%s::boolean",
+    "regclass": "%s::regclass IS NULL",
 }
 
 
@@ -1048,6 +1074,7 @@ class Fuzz:
                                     + "\n".join(stray))
             else:
                 documented = allowed | PROCEDURE_SQLSTATES if call.sig.procedure else allowed
+                documented |= TABLE_SQLSTATES.get(call.sig.name, frozenset())
                 if error.sqlstate not in documented:
                     problems.append(f"undocumented SQLSTATE {error.sqlstate} ({type(error).__name__})")
                 else:

@@ -58,6 +58,8 @@ NAMES = {
     "AsyncClientCursor": "ClientCursor",
     "AsyncIterator": "Iterator",
     "AsyncGenerator": "Generator",
+    "AsyncTransaction": "Transaction",
+    "asynccontextmanager": "contextmanager",
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
     "__aiter__": "__iter__",

@@ -125,15 +125,30 @@ def draft(old_dsn: str, new_dsn: str) -> str:
             out.append(f"CREATE OR REPLACE VIEW {name} AS\n{definition.rstrip().rstrip(';')};")
         if before is not None and before[1] != comment:
             out.append(f"COMMENT ON VIEW {name} IS {_literal(comment)};")
-    # No drops: a call in flight across the commit still runs the body it
-    # started with, and that body may call a function this revision would
-    # drop (42883, an undocumented answer). A function leaves in a later
-    # revision than the one that stopped calling it (expand, then contract).
+    # A function that no body here calls any more is dropped last. One that
+    # another body of the old catalog calls stays: a call in flight across the
+    # commit still runs the old body, which may call it (42883, an
+    # undocumented answer); it leaves in a later revision (expand, then contract).
     gone = sorted(old_functions.keys() - new_functions.keys())
-    if gone:
-        out.append("-- Left in place for the calls in flight across this change (no body here calls them):\n"
-                   + "\n".join(f"--   {signature}" for signature in gone))
+    called = [signature for signature in gone if _called(signature, old_functions)]
+    for signature in gone:
+        if signature not in called:
+            out.append(f"DROP {_kind(old_functions[signature][3])} {signature};")
+    if called:
+        out.append("-- Left in place for the calls in flight across this change (old bodies call them):\n"
+                   + "\n".join(f"--   {signature}" for signature in called))
     return "\n\n".join(out) + "\n"
+
+
+def _called(signature: str, functions: dict[str, tuple[str, str | None, list[str], str]]) -> bool:
+    """Whether another function's body calls this one (by its qualified name, outside string literals:
+    an error message that names a function does not call it)."""
+    name = f"ledger.{_name(signature)}("
+    return any(name in _LITERAL.sub("''", definition)
+               for other, (definition, *_) in functions.items() if other != signature)
+
+
+_LITERAL = re.compile(r"'(?:[^']|'')*'")
 
 
 def _only_in(old_dsn: str, new_dsn: str) -> list[str]:
@@ -210,10 +225,15 @@ def main() -> int:
             conn.execute(migrate.install_script().replace(  # type: ignore[arg-type]
                 f"VALUES ('{previous}')", f"VALUES ('{args.rev}')"))
 
-    def apply(dsn: str, script: str, version: str) -> None:
-        with psycopg.connect(dsn) as conn:  # one transaction, as alembic runs it
-            conn.execute(script)  # type: ignore[arg-type]
-            conn.execute("UPDATE ledger.alembic_version SET version_num = %s", (version,))
+    def apply(dsn: str, script: str, version: str, what: str) -> list[str]:
+        """Nothing when the script applies; else what to finish by hand (a table, a view first...)."""
+        try:
+            with psycopg.connect(dsn) as conn:  # one transaction, as alembic runs it
+                conn.execute(script)  # type: ignore[arg-type]
+                conn.execute("UPDATE ledger.alembic_version SET version_num = %s", (version,))
+        except psycopg.Error as error:
+            return [f"  the {what} does not apply as drafted ({error.sqlstate}): {str(error).splitlines()[0]}"]
+        return []
 
     with _scratch_databases(4) as (old, new, up, down):
         migrate.upgrade(old, previous)
@@ -222,17 +242,20 @@ def main() -> int:
         # Prove the draft both ways: the old revision plus the upgrade must be
         # sql/, and sql/ minus the downgrade the old revision.
         migrate.upgrade(up, previous)
-        apply(up, upgrade_sql, args.rev)
+        failed = apply(up, upgrade_sql, args.rev, "upgrade")
         install_new(down)
-        apply(down, downgrade_sql, previous)
+        failed += apply(down, downgrade_sql, previous, "downgrade")
         # An upgrade may not leave behind a function that sql/ dropped: keep
         # it in sql/ until a later revision. A downgrade leaves the newer
         # revision's functions in place, by design: compare without them.
-        left = [f"  sql/ no longer has {signature}: keep it in sql/ until a later revision drops it "
-                "(a call in flight across the upgrade may still call it)" for signature in _only_in(old, new)]
+        old_functions, new_functions = _catalog(old)[0], _catalog(new)[0]
+        left = [f"  sql/ no longer has {signature}, which another old body calls: keep it in sql/ until a "
+                "later revision drops it (a call in flight across the upgrade may still call it)"
+                for signature in _only_in(old, new) if _called(signature, old_functions)]
         left += _differences(new, up)
-        added = {_name(signature) for signature in _only_in(new, old)}
-        left += [f"  (downgrade){line[1:]}" for line in _differences(old, down, added)]
+        kept = {_name(signature) for signature in _only_in(new, old) if _called(signature, new_functions)}
+        left += [f"  (downgrade){line[1:]}" for line in _differences(old, down, kept)]
+        left = failed + left
 
     header = f"-- {args.rev}: {args.message} (drafted by tools/draft_revision.py from sql/)\n\n"
     (VERSIONS / f"{stem}.sql").write_text(header + upgrade_sql)

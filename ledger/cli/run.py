@@ -90,12 +90,16 @@ class _RunCommand(click.Command):
                    "run of its own for the same slot.")
 @click.option("--backoff", type=DURATION, default="30s", show_default=True,
               help="Wait before the first retry; doubled after each one, at most 10m (or --backoff when longer).")
+@click.option("--pgoptions", is_flag=True,
+              help="Also put `-c ledger.job=JOB -c ledger.token=N` into CMD's PGOPTIONS, so that its psql (any "
+                   "libpq client) writes tables protected with `jobledger protect`. Not through PgBouncer, which "
+                   "refuses `options`.")
 @click.option("-v", "--verbose", is_flag=True, help="Say when each run starts and ends (on stderr).")
 @unresolved_dsn_option
 @click.pass_context
 def run(ctx: click.Context, job: str, command: tuple[str, ...], ttl: timedelta | None, owner: str | None,
         grace: timedelta, skip_exit_code: int, timeout: timedelta | None, retries: int, backoff: timedelta,
-        verbose: bool, dsn: str | None) -> None:
+        pgoptions: bool, verbose: bool, dsn: str | None) -> None:
     """Run CMD as a run of JOB: at most one at a time across hosts, logged, fenced.
 
     For a job with a schedule (`jobledger register`), runs CMD once per due slot
@@ -105,6 +109,8 @@ def run(ctx: click.Context, job: str, command: tuple[str, ...], ttl: timedelta |
     transaction: `ledger.fence(job => <LEDGER_JOB>, resource => '...', token =>
     <LEDGER_FENCING_TOKEN>)` (e.g. psql -v job="$LEDGER_JOB" -v
     token="$LEDGER_FENCING_TOKEN", then :'job' and :token; see the README).
+    With --pgoptions, CMD's psql carries the token itself (PGOPTIONS), which
+    is all a table protected with `jobledger protect` asks.
     The lease is renewed every ttl/3; if it
     is lost, CMD gets SIGTERM, then SIGKILL after --grace. SIGTERM/SIGINT/SIGHUP
     are forwarded to CMD and the run is recorded `cancelled`. --timeout stops
@@ -124,7 +130,8 @@ def run(ctx: click.Context, job: str, command: tuple[str, ...], ttl: timedelta |
         say(f"error: {first_line(error)}")
         ctx.exit(EXIT_LEDGER_ERROR)
     options = Options(job=job, argv=command, ttl=ttl, grace=grace, skip_exit_code=skip_exit_code,
-                      verbose=verbose, dsn=target.dsn, timeout=timeout, retries=retries, backoff=backoff)
+                      verbose=verbose, dsn=target.dsn, timeout=timeout, retries=retries, backoff=backoff,
+                      pgoptions=pgoptions)
     with conn:
         code = Wrapper(conn, options, owner=owner, say=say).run()
     ctx.exit(code)

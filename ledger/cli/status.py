@@ -31,7 +31,8 @@ MIN_INTERVAL = timedelta(milliseconds=100)  # --watch never polls the database f
 @dsn_option
 def status(jobs: tuple[str, ...], watch: bool, interval: timedelta | None, as_json: bool, dsn: str) -> None:
     """The state at a glance: the `ledger.job_status` view, jobs with alerts in red,
-    then the live alerts (`ledger.alerts`). `--watch` redraws it until Ctrl-C."""
+    then the live alerts (`ledger.alerts`) and the protected tables (`jobledger protect`).
+    `--watch` redraws it until Ctrl-C."""
     if interval is not None and not watch:
         raise click.UsageError("--interval goes with --watch")
     every = interval if interval is not None else timedelta(seconds=2)
@@ -62,6 +63,7 @@ def _show(conn: psycopg.Connection[Any], jobs: tuple[str, ...], as_json: bool, f
     """One status: the table and the alerts, or the JSON (one line when ``frame``: a watch's stream)."""
     statuses = [render.with_counters(row) for row in Ledger(conn).job_statuses()]
     alerts = lookups.alerts(conn)
+    protected = lookups.protected_tables(conn)
     now = database_now(conn)
     if jobs:
         known = {row.job for row in statuses}
@@ -70,8 +72,9 @@ def _show(conn: psycopg.Connection[Any], jobs: tuple[str, ...], as_json: bool, f
             raise unknown_jobs(unknown)
         statuses = [row for row in statuses if row.job in jobs]
         alerts = [row for row in alerts if row["job"] in jobs]
+        protected = [row for row in protected if row["job"] in jobs]
     if as_json:
-        document = {"jobs": statuses, "alerts": alerts}
+        document = {"jobs": statuses, "alerts": alerts, "protected_tables": protected}
         click.echo(render.json_line(document) if frame else render.to_json(document))
         return
     out = render.console()
@@ -83,6 +86,10 @@ def _show(conn: psycopg.Connection[Any], jobs: tuple[str, ...], as_json: bool, f
         out.print(render.alerts_table(alerts, now))
     elif statuses:
         out.print("[green]no alerts[/green]")
+    for row in protected:  # `jobledger protect`: a write must carry the job's live token
+        line = f"protected table {row['table_name']}: job {row['job']} ({row['mode']})"
+        out.print(render.cell(line) if row["enabled"]
+                  else render.cell(f"{line}: its trigger is disabled, writes are not checked", style="bold red"))
 
 
 @click.command()

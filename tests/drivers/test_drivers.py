@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -61,8 +61,9 @@ import psycopg
 import pytest
 from pgbouncer import Bouncer, pgbouncer  # noqa: F401 - the fixture
 from psycopg.conninfo import conninfo_to_dict
+from repo import ROOT
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = ROOT / "examples"
 TIMEOUT = 120  # seconds, per example process
 BIG = 2**53  # past it a double (a JavaScript Number, jq 1.6) rounds: 2^53 + 1 becomes 2^53
 BIGINT_KEYS = frozenset({"token", "current_token", "run_id", "run_token", "highest_token"})

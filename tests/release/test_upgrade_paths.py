@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from catalog import snapshot_of, without_functions
-from ledger import migrate
+from ledger import migrate, resources
 
 RELEASE = "0.1.0"
 
@@ -54,6 +54,19 @@ def functions(dsn: str) -> set[str]:
     with psycopg.connect(dsn) as conn:
         return {name for (name,) in conn.execute(
             "SELECT proname::text FROM pg_proc WHERE pronamespace = 'ledger'::regnamespace")}
+
+
+def left_in_place_after(revision: str) -> set[str]:
+    """The functions the downgrades of the revisions after `revision` declare they leave in place."""
+    names: set[str] = set()
+    for path in sorted((resources.migrations_dir() / "versions").glob("*.downgrade.sql")):
+        if path.name.split("_", 1)[0] <= revision:
+            continue
+        text = path.read_text()
+        if "-- Left in place" in text:
+            listed = text[text.index("-- Left in place"):].splitlines()[1:]
+            names |= {line.split("ledger.", 1)[1].split("(", 1)[0] for line in listed if line.startswith("--   ledger.")}
+    return names
 
 
 def at_release_with_history(dsn: str) -> None:
@@ -144,10 +157,13 @@ def test_downgrade_to_the_release_gives_its_catalog_and_keeps_the_history(new_da
     migrate.downgrade(downgraded, migrate.RELEASES[RELEASE])
 
     assert migrate.current(downgraded) == migrate.RELEASES[RELEASE]
-    # The functions the later revisions added stay, for the calls in flight
-    # across the downgrade; everything else is the release's.
-    assert added and functions(downgraded) - functions(released) == added
-    assert differences(snapshot_of(released), without_functions(snapshot_of(downgraded), added)) == []
+    # What each later revision's downgrade says it leaves in place (for the
+    # calls in flight across it: newer bodies call them) stays; everything
+    # else is the release's.
+    kept = functions(downgraded) - functions(released)
+    assert kept <= added
+    assert kept == left_in_place_after(migrate.RELEASES[RELEASE])
+    assert differences(snapshot_of(released), without_functions(snapshot_of(downgraded), kept)) == []
     assert history(downgraded) == before
 
 

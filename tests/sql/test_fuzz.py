@@ -71,6 +71,7 @@ FUZZED = sorted([
     "purge_log", "purge_log_batch", "purge_log_in_batches", "run_guarded", "next_slots", "preview_slots",
     "unregister_job", "force_release", "request_cancel", "backfill",
     "configure_events", "purge_events", "sync_alerts",
+    "protect", "unprotect",
 ])
 
 # function_scoped_fixture: the fixture's database is shared on purpose, and
@@ -132,6 +133,10 @@ def seed(conn: psycopg.Connection) -> None:
     token = value(conn, "SELECT token FROM ledger.acquire('released', 'host-3', '1 hour')")
     assert value(conn, "SELECT ledger.release('released', 'host-3', %s)", [token]) is True
     _start(conn, "zombie", "host-4", "1 millisecond")
+    # Tables for protect and unprotect (outside the ledger: the seed's restore leaves their triggers be).
+    x("CREATE SCHEMA fuzz_protect; CREATE TABLE fuzz_protect.target (id integer)")
+    x("CREATE VIEW fuzz_protect.target_view AS SELECT * FROM fuzz_protect.target")
+    x("CREATE TABLE fuzz_protect.parted (at date) PARTITION BY RANGE (at)")
     time.sleep(0.005)
     counts = conn.execute(
         "SELECT (SELECT count(*) FROM ledger.purged_slots), (SELECT count(*) FROM ledger.purged_keys),"
@@ -173,7 +178,7 @@ def fuzz(fuzz_dsn: str) -> Iterator[Fuzz]:
 
 # ------------------------------------------------------------------ the catalog and the contract
 
-_DOC_ARG = re.compile(r"^([a-z_]+) (text|bigint|integer|interval|timestamptz|jsonb|boolean)(?: DEFAULT (.+))?$")
+_DOC_ARG = re.compile(r"^([a-z_]+) (text|bigint|integer|interval|timestamptz|jsonb|boolean|regclass)(?: DEFAULT (.+))?$")
 
 
 def contract_signatures() -> dict[str, list[tuple[str, str, str | None]]]:

@@ -59,6 +59,10 @@ def checked_db(db: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
 
 
 def test_plpgsql_functions_have_no_errors_or_security_findings(checked_db):
+    # A trigger function is checked against a table it fires on: ledger._protect fires on users' tables only.
+    checked_db.execute("CREATE TABLE public.protected (id integer)")
+    checked_db.execute("SELECT ledger.register_job('protecting')")
+    checked_db.execute("SELECT ledger.protect('public.protected', 'protecting')")
     checked = checked_db.execute(
         """SELECT count(*) FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
             WHERE p.pronamespace = 'ledger'::regnamespace AND l.lanname = 'plpgsql'""").fetchone()[0]
