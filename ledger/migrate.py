@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
@@ -49,19 +50,42 @@ CREATE TABLE {SCHEMA}.{VERSION_TABLE} (
 _alembic_lock = threading.Lock()
 
 
+# A migration waits at most 2 s for a table lock (migrations/env.py), so that
+# the runners queued behind it wait no longer; a busy ledger may need a few
+# tries. Each try is one transaction, undone whole when it gives up.
+LOCK_TRIES = 5
+
+
+def _tries(attempt: Callable[[], None]) -> None:
+    for number in range(1, LOCK_TRIES + 1):
+        try:
+            with _alembic_lock, _psycopg_errors():
+                attempt()
+            return
+        except psycopg.errors.LockNotAvailable:
+            if number == LOCK_TRIES:
+                raise
+            time.sleep(0.2 * number)  # let the queue behind the given-up lock drain
+
+
 def upgrade(dsn: str, revision: str = "head") -> list[str]:
     """Install the ledger, or bring it up to `revision`: the revisions applied,
-    oldest first; none when already there (or another migrator just did it)."""
+    oldest first; none when already there (or another migrator just did it).
+    A table lock not had within 2 s is tried again, LOCK_TRIES times in all."""
     cfg = config(dsn)
-    with _alembic_lock, _psycopg_errors():
+
+    def attempt() -> None:
+        cfg.attributes["applied"] = []  # what env.py records: a try given up applied nothing
         command.upgrade(cfg, revision)
+
+    _tries(attempt)
     return list(cfg.attributes.get("applied", []))
 
 
 def downgrade(dsn: str, revision: str) -> None:
-    """Go back to `revision`; "base" uninstalls: schema ledger, and the roles nothing else uses."""
-    with _alembic_lock, _psycopg_errors():
-        command.downgrade(config(dsn), revision)
+    """Go back to `revision`; "base" uninstalls: schema ledger, and the roles nothing else uses.
+    A table lock not had within 2 s is tried again, as for upgrade."""
+    _tries(lambda: command.downgrade(config(dsn), revision))
 
 
 def offline_script(revision: str = "head") -> str:

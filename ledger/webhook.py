@@ -236,13 +236,17 @@ def _post(url: str, body: bytes, timeout: float) -> _Outcome:
             attempt.end(cut=False)
 
     worker = threading.Thread(target=post, name="jobledger-webhook-post", daemon=True)
+    timed_out = True
     try:
         worker.start()
         worker.join(timeout)
+        timed_out = not result
     finally:
-        if not result:
+        if timed_out:
             attempt.end(cut=True)
-    if result:
+    # Decided once: a cut attempt is a timeout even when the worker, its read cut short by the
+    # shutdown, goes on to append a status (a dripping 200 would otherwise count as delivered).
+    if not timed_out:
         return result[0]
     return None, f"timed out after {format_duration(timedelta(seconds=timeout))}", None
 

@@ -17,6 +17,7 @@ import json
 import socket
 import subprocess
 import threading
+import uuid
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -134,6 +135,10 @@ class Drip:
         self.lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.listener.getsockname()[1])
+        # Its own path: a notifier of another test still retrying to a port that was closed and
+        # handed to this server again must not count as one of this server's attempts.
+        self.path = f"/drip/{uuid.uuid4().hex}"
+        self.url = f"http://127.0.0.1:{self.port}{self.path}"
         self.started = time.monotonic()
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
@@ -149,10 +154,7 @@ class Drip:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            with self.lock:
-                self.connections += 1
-                number = self.connections
-            threading.Thread(target=self._serve, args=(conn, number), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     @staticmethod
     def _request(conn: socket.socket) -> bytes:
@@ -172,11 +174,28 @@ class Drip:
             body += chunk
         return body
 
-    def _serve(self, conn: socket.socket, number: int) -> None:
+    def _serve(self, conn: socket.socket) -> None:
         with conn:
             try:
                 conn.settimeout(self.drip_for)
-                body = self._request(conn)
+                # Counted only when it is a delivery: a test in another worker that connects to a
+                # port it believes dead (and the OS gave this one that number) is no attempt.
+                try:
+                    expected = f"POST {self.path} ".encode()
+                    first_line = conn.recv(len(expected), socket.MSG_PEEK)
+                    while first_line and len(first_line) < len(expected) and expected.startswith(first_line):
+                        time.sleep(0.01)  # the request line in pieces: peek again
+                        first_line = conn.recv(len(expected), socket.MSG_PEEK)
+                    if first_line != expected:
+                        return
+                    body = self._request(conn)
+                    if "event_id" not in json.loads(body):
+                        return
+                except (ValueError, StopIteration):
+                    return
+                with self.lock:
+                    self.connections += 1
+                    number = self.connections
                 if number > self.drips:
                     with self.lock:
                         self.delivered.append(json.loads(body))
@@ -223,7 +242,7 @@ def _ended(process: subprocess.Popen[str], within: float) -> tuple[int | None, s
 @pytest.mark.parametrize("drip", ["body", "headers"], indirect=True)
 def test_a_dripping_webhook_ends_each_attempt_at_the_timeout_and_the_next_alert_is_delivered(dsn, db, drip):
     raised, cleared = alert_events(db)
-    process = start("notify", "--webhook", f"http://127.0.0.1:{drip.port}/ledger", "--once", "--after", "0",
+    process = start("notify", "--webhook", drip.url, "--once", "--after", "0",
                     "--timeout", "1s", "--retries", "1", "--backoff", "100ms", dsn=dsn)
     code, out, err = _ended(process, EXITED_WITHIN)
     assert drip.dripping, "the receiver stopped dripping before the notifier ended: nothing was shown"
@@ -247,7 +266,7 @@ def test_deliver_bounds_an_attempt_by_its_timeout_and_tells_each_one():
     lines: list[str] = []
     waits: list[float] = []
     try:
-        delivery = deliver(f"http://127.0.0.1:{dripping.port}/x", event, retries=2, backoff=timedelta(seconds=1),
+        delivery = deliver(dripping.url, event, retries=2, backoff=timedelta(seconds=1),
                            timeout=timedelta(milliseconds=500), log=lines.append, sleep=waits.append)
         assert dripping.dripping
     finally:

@@ -479,7 +479,7 @@ def _latest_run_per_job(columns, result, facts):
 
 def _ledger_views(columns, result, facts):
     assert [r[0] for r in result] == ["alerts", "duplicates", "job_counters", "job_health", "job_status",
-                                       "overlaps", "run_stats", "ttl_advice"]
+                                       "overlaps", "protected_tables", "run_stats", "ttl_advice"]
 
 
 def _busy_jobs(columns, result, facts):

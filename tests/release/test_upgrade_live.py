@@ -470,7 +470,20 @@ def test_a_call_in_flight_across_the_migration_gets_a_documented_answer(new_data
             assert time.monotonic() - began < 10 and thread.is_alive(), f"the call never waited: {answer}"
             time.sleep(0.005)
         waited = time.monotonic()
-        (migrate.upgrade if action == "upgrade" else migrate.downgrade)(dsn, target)
+        try:
+            (migrate.upgrade if action == "upgrade" else migrate.downgrade)(dsn, target)
+        except psycopg.errors.LockNotAvailable:
+            # The other documented answer: a revision that locks a table waits at most
+            # the migration's 2 s for the call, which holds the table and waits for the row, and
+            # changes nothing (docs/upgrading.md: run it again). The call then commits unharmed.
+            holder.commit()
+            thread.join(10)
+            assert not thread.is_alive()
+            assert migrate.current(dsn) == start
+            # Either the call had the row once the holder let go, or it gave up waiting first (the
+            # contract's 1 s): both documented, neither a wrong answer.
+            assert answer in ({"row": ("started", token + 1)}, {"row": ("skipped_overlap", None)}), answer
+            return
         migrated = time.monotonic() - waited
         holder.commit()  # the row is free: the call goes on, after the commit
         thread.join(10)
