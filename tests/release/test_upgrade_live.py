@@ -386,8 +386,12 @@ def check_log(conn: psycopg.Connection, events: dict[str, list[dict[str, Any]]],
             beats = [by_id[run["run_id"]] for run in mine if run["status"] == "success"]
             assert any((row["heartbeat_at"] - row["started_at"]).total_seconds() > 0.2 for row in beats), \
                 f"no {kind} run heartbeat in phase {phase}"
-        assert any(run["slot"] is not None and run["status"] == "success" for run in done), \
-            f"no slot was served in phase {phase}"
+        # Slots come due every 500 ms: a phase between two steps can be shorter than that on a
+        # quiet machine, so slots must be served before the first step and after the last (and
+        # never twice, as check_log asserts above), not in every phase.
+        if phase in (0, len(phases) - 1):
+            assert any(run["slot"] is not None and run["status"] == "success" for run in done), \
+                f"no slot was served in phase {phase}"
         refused = {z["via"] for z in _zombie_attempts(events) if side(z, phase)}
         assert refused == {"sql", "client"}, f"phase {phase}: zombies refused only via {refused}"
 
