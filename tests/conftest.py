@@ -236,3 +236,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     skipped = [skip_reason(report) for report in reporter.stats.get("skipped", [])]
     reporter.write_line(skip_summary(skipped))
+
+
+@pytest.fixture
+def app_role(db: psycopg.Connection) -> Iterator[str]:
+    """A role of the application, member of ledger_client (roles are cluster-wide: unique name)."""
+    name = f"test_app_{os.getpid()}"
+    db.execute(f"DROP ROLE IF EXISTS {name}")
+    db.execute(f"CREATE ROLE {name} NOLOGIN IN ROLE ledger_client")
+    yield name
+    db.execute("RESET ROLE")
+    db.execute(f"DROP OWNED BY {name}")
+    db.execute(f"DROP ROLE {name}")

@@ -5,7 +5,6 @@ test sleeping it out; no client can move it.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import psycopg
@@ -52,25 +51,14 @@ def test_a_due_slot_comes_with_the_clock(db, ledger_clock):
     assert later["outcome"] == "started" and later["slot"] > started["slot"]
 
 
-@pytest.fixture
-def client_role(db):
-    name = f"ledger_clock_app_{os.getpid()}"
-    db.execute(f"DROP ROLE IF EXISTS {name}")
-    db.execute(f"CREATE ROLE {name} NOLOGIN IN ROLE ledger_client")
-    yield name
-    db.execute("RESET ROLE")
-    db.execute(f"DROP OWNED BY {name}")
-    db.execute(f"DROP ROLE {name}")
-
-
 @pytest.mark.parametrize("attempt", [
     "CREATE OR REPLACE FUNCTION ledger._clock_offset() RETURNS interval LANGUAGE sql STABLE "
     "AS $$ SELECT interval '1 day' $$",
     "ALTER FUNCTION ledger._clock_offset() RENAME TO _old_offset",
     "CREATE FUNCTION ledger._clock_offset(x int) RETURNS interval LANGUAGE sql AS $$ SELECT interval '1 day' $$",
 ])
-def test_a_client_cannot_move_the_clock(db, client_role, attempt):
-    db.execute(f"SET ROLE {client_role}")
+def test_a_client_cannot_move_the_clock(db, app_role, attempt):
+    db.execute(f"SET ROLE {app_role}")
     assert one(db, "SELECT ledger._now() - clock_timestamp() < interval '1 minute' AS real")["real"]
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         db.execute(attempt)

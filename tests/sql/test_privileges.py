@@ -1,6 +1,5 @@
 """Clients write only through the functions: no role can forge or rewind a token."""
 
-import os
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -19,18 +18,6 @@ WRITES = {
 KEY = {"jobs": "job", "leases": "token", "fences": "token", "job_execution_log": "status", "counters": "failures",
        "skipped_slots": "slot_count", "purged_slots": "done_through", "purged_keys": "run_id", "events": "kind",
        "event_settings": "notify", "alert_state": "message"}
-
-
-@pytest.fixture
-def app_role(db):
-    """A role of the application, member of ledger_client (roles are cluster-wide: unique name)."""
-    name = f"test_app_{os.getpid()}"
-    db.execute(f"DROP ROLE IF EXISTS {name}")
-    db.execute(f"CREATE ROLE {name} NOLOGIN IN ROLE ledger_client")
-    yield name
-    db.execute("RESET ROLE")
-    db.execute(f"DROP OWNED BY {name}")
-    db.execute(f"DROP ROLE {name}")
 
 
 @pytest.mark.parametrize("table", TABLES)
