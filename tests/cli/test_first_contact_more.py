@@ -148,7 +148,7 @@ def test_install_then_status_works(empty_database):
 def test_ensure_database_sees_a_database_that_exists(pg_server, empty_database):
     """As a role that may not create databases: asking to create one that exists would be refused."""
     existing = psycopg.conninfo.conninfo_to_dict(empty_database())["dbname"]
-    role = f"ledger_no_createdb_{os.getpid()}"
+    role = f"test_no_createdb_{os.getpid()}"  # roles are cluster-wide: test_..., never ledger... (parallel runs)
     with psycopg.connect(pg_server.dsn("postgres"), autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE ROLE {} LOGIN NOCREATEDB").format(sql.Identifier(role)))
     try:
