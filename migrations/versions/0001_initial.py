@@ -4,8 +4,8 @@ Revision ID: 0001
 Revises:
 Create Date: 2026-11-30
 
-Released as 0.1.0: this file and 0001_initial.sql never change again
-(tests/release/test_frozen.py). A schema change is a new revision.
+Until the first release, `make freeze-initial` regenerates 0001_initial.sql
+from sql/; after it, this revision never changes again.
 """
 
 from __future__ import annotations
