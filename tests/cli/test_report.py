@@ -358,19 +358,17 @@ def test_the_server_refuses_a_second_statement_without_the_guard(conn, reader):
 
 
 def test_the_statement_timeout_fires_in_the_database(reader):
-    began = time.monotonic()
-    with pytest.raises(errors.QueryCanceled):
+    # Only the statement timeout cancels it (a 30 s sleep ends without an error): the database fired it.
+    with pytest.raises(errors.QueryCanceled, match="statement timeout"):
         run_read_only(reader, "SELECT pg_sleep(30)", timedelta(milliseconds=200))
-    assert time.monotonic() - began < 25  # cancelled, long before the sleep's end (a busy machine is slow)
 
 
 def test_an_expensive_allowed_query_is_cancelled_by_the_timeout(reader, catalog):
     expensive = "SELECT count(*) FROM generate_series(1, 100000) AS a, generate_series(1, 100000) AS b"
     check(expensive, catalog)  # the guard lets it through: generate_series is allowed
-    began = time.monotonic()
-    with pytest.raises(errors.QueryCanceled):
+    # The count would take hours and ends without an error: only the statement timeout cancels it.
+    with pytest.raises(errors.QueryCanceled, match="statement timeout"):
         run_report(reader, expensive, timedelta(milliseconds=300))
-    assert time.monotonic() - began < 60  # cancelled: the count would take hours (a busy machine is slow)
 
 
 def test_the_cli_says_when_a_report_timed_out(reader_dsn):
