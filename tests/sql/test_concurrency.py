@@ -165,6 +165,7 @@ def test_runs_under_contention_stay_exclusive_fenced_in_token_order_and_audited(
     assert counters["successes"] + counters["failures"] == outcomes["started"]
     assert counters["successes"] == sum(r["status"] == "success" for r in log)
     assert counters["leases_lost"] == sum(r["failure_reason"] in ("lease_expired", "superseded") for r in log)
+    assert value(db, "SELECT count(*) FROM ledger.verify_state()") == 0  # the state row is the log's
 
 
 def _reaper(dsn, deadline, closed, errors):
