@@ -133,7 +133,7 @@ CREATE INDEX job_execution_log_job_started
 -- Each known job's state row: its monotonic counters and its state as the
 -- log says it, one row per job that was registered, took a lease or ran
 -- (ledger.job_status, job_health and alerts list exactly these jobs).
--- One writer: ledger._transition (27_state.sql), called by every function
+-- One writer: ledger._set_state (27_state.sql), called by every function
 -- that changes a job's runs or registration, after it took the job's lease
 -- row, so the row never lags its log and two writers never interleave.
 -- Skips leave no run row, and purge_log removes old rows, so counting the
@@ -193,7 +193,7 @@ CREATE TABLE ledger.counters (
         AND skipped_overlap >= 0 AND skipped_backfill >= 0 AND leases_lost >= 0
         AND consecutive_failures >= 0)
 );
-COMMENT ON TABLE ledger.counters IS 'Each known job''s state row: its counters and its state from the log (one writer: ledger._transition)';
+COMMENT ON TABLE ledger.counters IS 'Each known job''s state row: its counters and its state from the log (one writer: ledger._set_state)';
 
 -- Skips counted without a WAL flush: a skip (another owner's live lease)
 -- writes only this UNLOGGED table, so its commit waits for no disk, and it

@@ -475,6 +475,6 @@ BEGIN
         RETURN;
     END IF;
     SELECT * INTO run FROM ledger.job_execution_log r WHERE r.run_id = run.run_id;
-    PERFORM ledger._transition(run.job, 'lost', run);
+    PERFORM ledger._set_state(run.job, 'lost', run);
 END
 $$;

@@ -1,5 +1,5 @@
 -- A job's state: its row in ledger.counters (20_tables.sql), written by one
--- function (ledger._transition), recomputed from the log by one function
+-- function (ledger._set_state), recomputed from the log by one function
 -- (ledger._state_from_log), read as one state word with one vocabulary by
 -- one view (ledger._job_state, which job_status, job_health, alerts and
 -- ttl_advice select from), and audited by ledger.verify_state.
@@ -138,7 +138,7 @@ $$;
 -- callers took it already: a second lock of one's own row waits for
 -- nothing), so two transitions of a job never interleave. purge_log writes
 -- no state row: what it removes stays counted (ledger.purged_state).
-CREATE FUNCTION ledger._transition(job text, event text, run ledger.job_execution_log DEFAULT NULL,
+CREATE FUNCTION ledger._set_state(job text, event text, run ledger.job_execution_log DEFAULT NULL,
                                    slots bigint DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
@@ -152,20 +152,20 @@ DECLARE
     v_next   timestamptz;  -- the due marks after the run's slot
     v_down   timestamptz;
 BEGIN
-    PERFORM FROM ledger.leases l WHERE l.job = _transition.job FOR UPDATE;
+    PERFORM FROM ledger.leases l WHERE l.job = _set_state.job FOR UPDATE;
     CASE event
     WHEN 'leased' THEN
-        INSERT INTO ledger.counters AS c (job) VALUES (_transition.job)
+        INSERT INTO ledger.counters AS c (job) VALUES (_set_state.job)
         ON CONFLICT ON CONSTRAINT counters_pkey DO NOTHING;
     WHEN 'registration' THEN
-        SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = _transition.job;
-        INSERT INTO ledger.counters AS c (job) VALUES (_transition.job)
+        SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = _set_state.job;
+        INSERT INTO ledger.counters AS c (job) VALUES (_set_state.job)
         ON CONFLICT ON CONSTRAINT counters_pkey DO NOTHING;
         UPDATE ledger.counters c SET (next_due, down_due) =
                (SELECT m.next_due, m.down_due
                   FROM ledger._due_marks(v_job.schedule_spec, v_job.time_zone,
                                          coalesce(c.done_slot, v_job.created_at)) m)
-         WHERE c.job = _transition.job;
+         WHERE c.job = _set_state.job;
     WHEN 'started' THEN
         INSERT INTO ledger.counters AS c (job, runs_started, last_run_id, last_status, last_started_at,
                                           running_run_id, running_token, running_started_at)
@@ -259,7 +259,7 @@ BEGIN
             INSERT INTO ledger.counters AS c (job, successes, failures, leases_lost)
             VALUES (run.job, CASE WHEN run.status = 'success' THEN 1 ELSE 0 END,
                     CASE WHEN run.status = 'success' THEN 0 ELSE 1 END, CASE WHEN event = 'lost' THEN 1 ELSE 0 END);
-            PERFORM ledger._transition(run.job, 'recomputed');
+            PERFORM ledger._set_state(run.job, 'recomputed');
             SELECT c.consecutive_failures INTO v_streak FROM ledger.counters c WHERE c.job = run.job;
         END IF;
         -- A failure may pause the job (pause_after_failures): one more
@@ -268,12 +268,12 @@ BEGIN
             PERFORM ledger._auto_pause(run.job, v_streak, run.completed_at);
         END IF;
     WHEN 'skipped_backfill' THEN
-        UPDATE ledger.counters c SET skipped_backfill = c.skipped_backfill + slots WHERE c.job = _transition.job;
+        UPDATE ledger.counters c SET skipped_backfill = c.skipped_backfill + slots WHERE c.job = _set_state.job;
     WHEN 'forgotten' THEN
-        DELETE FROM ledger.counters c WHERE c.job = _transition.job;
-        DELETE FROM ledger.purged_state p WHERE p.job = _transition.job;
+        DELETE FROM ledger.counters c WHERE c.job = _set_state.job;
+        DELETE FROM ledger.purged_state p WHERE p.job = _set_state.job;
     WHEN 'recomputed' THEN
-        INSERT INTO ledger.counters AS c (job) VALUES (_transition.job)
+        INSERT INTO ledger.counters AS c (job) VALUES (_set_state.job)
         ON CONFLICT ON CONSTRAINT counters_pkey DO NOTHING;
         UPDATE ledger.counters c SET
             last_run_id = s.last_run_id, last_status = s.last_status, last_started_at = s.last_started_at,
@@ -283,10 +283,10 @@ BEGIN
             done_slot = s.done_slot, longest_success = s.longest_success,
             consecutive_failures = s.consecutive_failures, next_due = s.next_due, down_due = s.down_due,
             latest_end = s.latest_end, overlap_run_id = s.overlap_run_id
-          FROM ledger._state_from_log(ARRAY[_transition.job]) s
-         WHERE c.job = _transition.job;
+          FROM ledger._state_from_log(ARRAY[_set_state.job]) s
+         WHERE c.job = _set_state.job;
     ELSE
-        RAISE EXCEPTION 'ledger._transition: unknown event %', event;
+        RAISE EXCEPTION 'ledger._set_state: unknown event %', event;
     END CASE;
 END
 $$;
@@ -303,7 +303,7 @@ DECLARE
     v_job text;
 BEGIN
     FOR v_job IN SELECT DISTINCT u.job FROM unnest(jobs) AS u(job) ORDER BY 1 LOOP
-        PERFORM ledger._transition(v_job, 'recomputed');
+        PERFORM ledger._set_state(v_job, 'recomputed');
     END LOOP;
 END
 $$;
@@ -346,13 +346,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF TG_TABLE_NAME = 'leases' THEN
-        PERFORM ledger._transition(NEW.job, 'leased');
+        PERFORM ledger._set_state(NEW.job, 'leased');
     ELSIF TG_OP = 'DELETE' THEN
         -- as unregister_job without history: known still by a lease, else gone
-        PERFORM ledger._transition(OLD.job, CASE WHEN EXISTS (SELECT FROM ledger.leases l WHERE l.job = OLD.job)
+        PERFORM ledger._set_state(OLD.job, CASE WHEN EXISTS (SELECT FROM ledger.leases l WHERE l.job = OLD.job)
                                                  THEN 'registration' ELSE 'forgotten' END);
     ELSE
-        PERFORM ledger._transition(NEW.job, 'registration');
+        PERFORM ledger._set_state(NEW.job, 'registration');
     END IF;
     RETURN NULL;
 END

@@ -1,7 +1,7 @@
 -- Runs: the execution log. Every function that changes a job's runs first
 -- locks the job's lease row, so all of them serialize per job in one order
 -- (lease row, then the job's registration, then run rows, then the job's
--- state row, which ledger._transition alone writes) and cannot deadlock
+-- state row, which ledger._set_state alone writes) and cannot deadlock
 -- each other. The registration row is locked FOR NO KEY
 -- UPDATE by whoever changes it in place (register_job), so that the key
 -- share of a start's foreign keys never waits on it; only unregister_job,
@@ -183,7 +183,7 @@ BEGIN
     VALUES (v_lease.job, v_lease.owner, v_lease.token, _start.slot, _start.idempotency_key,
             'running', v_lease.acquired_at, v_lease.acquired_at, _start.detail)
     RETURNING * INTO v_running;
-    PERFORM ledger._transition(v_lease.job, 'started', v_running);
+    PERFORM ledger._set_state(v_lease.job, 'started', v_running);
     v_result.run_id := v_running.run_id;
     v_result.outcome := 'started';
     v_result.token := v_lease.token;
@@ -422,7 +422,7 @@ BEGIN
      WHERE l.job = v_run.job AND l.released_at IS NULL;
     -- Counted, noted as the job's state, and the pending skips folded in,
     -- by the job's one writer.
-    PERFORM ledger._transition(v_run.job, 'ended', v_run);
+    PERFORM ledger._set_state(v_run.job, 'ended', v_run);
     RETURN v_run;
 END
 $$;

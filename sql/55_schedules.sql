@@ -269,7 +269,7 @@ BEGIN
      WHERE j.job = register_job.job
     RETURNING * INTO v_job;
     -- The job's state row: its due marks follow the schedule as it is now.
-    PERFORM ledger._transition(register_job.job, 'registration');
+    PERFORM ledger._set_state(register_job.job, 'registration');
     RETURN v_job;
 END
 $$;
@@ -422,7 +422,7 @@ BEGIN
         INSERT INTO ledger.skipped_slots (job, first_slot, last_slot, slot_count, reason)
         VALUES (job, ledger._slot_after(v_job.schedule_spec, v_job.time_zone, v_lower), v_last,
                 v_count, 'backfill_limit');
-        PERFORM ledger._transition(job, 'skipped_backfill', slots => v_count);
+        PERFORM ledger._set_state(job, 'skipped_backfill', slots => v_count);
     END IF;
     RETURN v_result;
 END

@@ -50,14 +50,14 @@ BEGIN
         -- The state row goes with the log it was kept from: the job is no
         -- longer known (job_status, job_health and alerts list no ghost),
         -- though its lease row stays.
-        PERFORM ledger._transition(unregister_job.job, 'forgotten');
+        PERFORM ledger._set_state(unregister_job.job, 'forgotten');
         v_found := true;
     ELSIF v_lease.job IS NULL THEN
         -- It never took a lease, so it has no runs: nothing is left of it.
-        PERFORM ledger._transition(unregister_job.job, 'forgotten');
+        PERFORM ledger._set_state(unregister_job.job, 'forgotten');
     ELSE
         -- Known still, by its lease and runs: no schedule, so no slot is due.
-        PERFORM ledger._transition(unregister_job.job, 'registration');
+        PERFORM ledger._set_state(unregister_job.job, 'registration');
     END IF;
     RETURN v_found;
 END
