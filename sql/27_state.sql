@@ -292,8 +292,11 @@ END
 $$;
 
 -- These jobs' state rows recomputed from the log, one 'recomputed'
--- transition each (tests and the trigger below call it).
-CREATE FUNCTION ledger._refresh_state(jobs text[])
+-- transition each (tests and the trigger below call it). after_purge is
+-- ignored: it is the signature of 0004 and earlier, kept so that a call in
+-- flight across the upgrade to 0005 still finds the function (a second
+-- overload would make every one-argument call ambiguous).
+CREATE FUNCTION ledger._refresh_state(jobs text[], after_purge boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -305,6 +308,38 @@ BEGIN
     FOR v_job IN SELECT DISTINCT u.job FROM unnest(jobs) AS u(job) ORDER BY 1 LOOP
         PERFORM ledger._set_state(v_job, 'recomputed');
     END LOOP;
+END
+$$;
+
+-- Add to a job's counters. Nothing in sql/ calls it any more (a job's state
+-- row has one writer, ledger._set_state): it stays for the bodies of 0004
+-- and earlier that call it while in flight across the upgrade to 0005, and
+-- goes in a later revision.
+CREATE FUNCTION ledger._count(
+    job text,
+    runs_started bigint DEFAULT 0,
+    successes bigint DEFAULT 0,
+    failures bigint DEFAULT 0,
+    skipped_overlap bigint DEFAULT 0,
+    skipped_backfill bigint DEFAULT 0,
+    leases_lost bigint DEFAULT 0)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO ledger.counters AS c
+        (job, runs_started, successes, failures, skipped_overlap, skipped_backfill, leases_lost)
+    VALUES (_count.job, _count.runs_started, _count.successes, _count.failures,
+            _count.skipped_overlap, _count.skipped_backfill, _count.leases_lost)
+    ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
+        runs_started     = c.runs_started     + excluded.runs_started,
+        successes        = c.successes        + excluded.successes,
+        failures         = c.failures         + excluded.failures,
+        skipped_overlap  = c.skipped_overlap  + excluded.skipped_overlap,
+        skipped_backfill = c.skipped_backfill + excluded.skipped_backfill,
+        leases_lost      = c.leases_lost      + excluded.leases_lost;
 END
 $$;
 
