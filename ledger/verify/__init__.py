@@ -18,9 +18,11 @@ The checks that write use scratch jobs named ``jobledger-verify:...``
 (:data:`JOBS`), the same names on every run, guarded by a lease of their own
 (:data:`GUARD`): two verifies at once never share them, and a verify that
 died is tidied up by the next. At the end each scratch job is removed with
-``ledger.unregister_job(job, with_history => true)``; its lease row and its
-fence stay, by design: they are the job's token high-water mark, which the
-ledger never deletes (``jobledger status`` lists them as jobs that never ran).
+``ledger.unregister_job(job, with_history => true)``, and so is the guard
+once released; their lease rows and fences stay, by design: they are the
+jobs' token high-water marks, which the ledger never deletes. No job is
+left for ``jobledger status`` to list (a job unregistered with its history
+is no longer known).
 No table is left either: the zombie check's fenced write goes into a TEMP
 table that its own transaction creates and drops (``ON COMMIT DROP``), which
 is safe behind a transaction pooler, where a TEMP table that outlives its
@@ -214,10 +216,19 @@ def _take_guard(conn: psycopg.Connection[Any], probe: Probe) -> int | str:
 
 
 def _release_guard(conn: psycopg.Connection[Any], probe: Probe, token: int) -> None:
+    """Release the guard and forget it, as the scratch jobs are: a verify leaves no job that status lists.
+
+    One transaction: the release keeps the guard's lease row locked until the
+    unregister commits, so a second verify cannot take the guard in between
+    and lose its state row. Only the lease row stays (its token high-water mark).
+    """
+    ledger = probe.ledger(conn)
     try:
-        probe.ledger(conn).release(GUARD, token)
+        with conn.transaction():
+            if ledger.release(GUARD, token):  # else another verify holds it now, and forgets it
+                ledger.unregister_job(GUARD, with_history=True)
     except (LedgerError, psycopg.Error):
-        pass  # it expires by itself (GUARD_TTL)
+        pass  # it expires by itself (GUARD_TTL); the next verify forgets it
 
 
 def _remove_scratch(conn: psycopg.Connection[Any], probe: Probe) -> dict[str, Any]:
