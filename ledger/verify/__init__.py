@@ -12,7 +12,8 @@ failure, how to reproduce it by hand:
 - ``ledger.verify.guarantees``: the checks that exercise the ledger on
   scratch jobs (racing workers, a zombie, a lost lease, a reconnect);
 - ``ledger.verify.environment``: the checks of what surrounds it (the role,
-  the clock, the path, replication, the xmin horizon), which only read.
+  the clock, the path, replication, the xmin horizon, the audit of the
+  jobs' state rows), which only read.
 
 The checks that write use scratch jobs named ``jobledger-verify:...``
 (:data:`JOBS`), the same names on every run, guarded by a lease of their own
@@ -52,7 +53,7 @@ from ledger.errors import InvalidArgument, JobNotFound, LedgerError
 from ledger.text import first_line
 from ledger.verify._base import (APPLICATION_NAME, CHECK_TIMEOUT, GUARANTEES, JOBS, REPRODUCE, RESOURCES, Check,
                                  CheckFunction, Probe, Status, dsn_params, fetch_one, iso, timed_out, verdict)
-from ledger.verify.environment import check_clock, check_mvcc, check_path, check_replication, check_role
+from ledger.verify.environment import check_clock, check_mvcc, check_path, check_replication, check_role, check_state
 from ledger.verify.guarantees import check_lost_lease, check_race, check_reconnect, check_zombie
 
 __all__ = ["CHECKS", "CHECK_TIMEOUT", "GUARANTEES", "GUARD", "JOBS", "REPRODUCE", "RESOURCES", "Check", "Report",
@@ -96,6 +97,7 @@ CHECKS: dict[str, CheckFunction] = {
     "role": check_role,
     "replication": check_replication,
     "mvcc": check_mvcc,
+    "state": check_state,
 }
 """Every check by name, in the order of the report."""
 
@@ -151,7 +153,8 @@ def _verify(dsn: str, timeout: float, began: float) -> Report:
                     cleanup = _remove_scratch(conn, probe)
                     _release_guard(conn, probe, guard)
         results["mvcc"] = _bounded("mvcc", CHECKS["mvcc"], probe, timeout)  # after the writers: none of ours is open
-    order = ("race", "zombie", "lost-lease", "reconnect", "clock", "path", "role", "replication", "mvcc")
+        results["state"] = _bounded("state", CHECKS["state"], probe, timeout)  # after the scratch jobs are gone
+    order = ("race", "zombie", "lost-lease", "reconnect", "clock", "path", "role", "replication", "mvcc", "state")
     return Report(target, [results[name] for name in order], cleanup, time.monotonic() - began)
 
 
