@@ -120,6 +120,9 @@ class JobStatus:
     skipped_overlap: int
     skipped_backfill: int
     leases_lost: int
+    #: The job's one state (docs/contract.md, ledger.job_health): crashed, overrun, paused, running, down,
+    #: late, failing, never_run or ok.
+    state: str | None
 
 
 @dataclass(frozen=True)

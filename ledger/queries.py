@@ -655,6 +655,15 @@ SELECT t.relname::text AS table_name, t.n_live_tup AS live, t.n_dead_tup AS dead
  ORDER BY t.relname
 """
 
+# The state audit: the jobs whose stored state differs from their log (ledger.verify_state, which reads
+# the whole log); the first few, and how many.
+VERIFY_STATE = """
+SELECT d.job, d.state, d.differences, count(*) OVER () AS jobs
+  FROM ledger.verify_state() AS d
+ ORDER BY d.job
+ LIMIT 10
+"""
+
 # The racing workers' job: its runs per slot.
 VERIFY_SLOT_RUNS = """
 SELECT r.slot, count(*) FILTER (WHERE r.status = 'success') AS successes, count(*) AS runs

@@ -93,16 +93,17 @@ CREATE FUNCTION ledger._max_pause_after_failures() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1000 $$;
 
--- ledger.job_health: a job with this many slots missed (past its grace) is
--- down; a cron job's missed slots are counted over at most this far back
--- (beyond it the count reads "at least").
+-- A job's state (ledger._job_state): this many slots missed (each past its
+-- grace) make a job down; this many failures in a row (consecutive_failures)
+-- make it failing. The one threshold of each: the state, its alert and the
+-- surfaces that show them all read it from here.
 CREATE FUNCTION ledger._down_after_slots() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 3 $$;
 
-CREATE FUNCTION ledger._missed_horizon() RETURNS interval
+CREATE FUNCTION ledger._failing_after() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT interval '8784 hours' $$;
+AS $$ SELECT 1 $$;
 
 -- ledger.ttl_advice: no advice before this many successes, and never a
 -- ttl under this floor.

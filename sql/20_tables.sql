@@ -130,8 +130,14 @@ CREATE UNIQUE INDEX job_execution_log_one_per_key
 CREATE INDEX job_execution_log_job_started
     ON ledger.job_execution_log (job, started_at);
 
--- Monotonic per-job counters. Skips leave no run row, and purge_log removes
--- old rows, so counting the log would undercount and go backwards.
+-- Each known job's state row: its monotonic counters and its state as the
+-- log says it, one row per job that was registered, took a lease or ran
+-- (ledger.job_status, job_health and alerts list exactly these jobs).
+-- One writer: ledger._set_state (27_state.sql), called by every function
+-- that changes a job's runs or registration, after it took the job's lease
+-- row, so the row never lags its log and two writers never interleave.
+-- Skips leave no run row, and purge_log removes old rows, so counting the
+-- log would undercount and go backwards: the counts are kept, not counted.
 CREATE TABLE ledger.counters (
     job              ledger.label PRIMARY KEY,
     runs_started     bigint NOT NULL DEFAULT 0,
@@ -140,22 +146,26 @@ CREATE TABLE ledger.counters (
     skipped_overlap  bigint NOT NULL DEFAULT 0,
     skipped_backfill bigint NOT NULL DEFAULT 0,
     leases_lost      bigint NOT NULL DEFAULT 0,
-    -- The job's state as the whole-ledger reads (job_status, alerts,
-    -- ttl_advice) need it, kept up to date by the functions that write the
-    -- log (start, end, reap, purge) in the same statement as the counters,
-    -- so that those reads cost per job, not per log row. Each is what the
-    -- log says (ledger._refresh_state recomputes them from it):
+    -- The job's state, so that the whole-ledger reads (job_status,
+    -- job_health, alerts, a metrics scrape) cost per job, not per log row,
+    -- and never evaluate a schedule. Each is what the log (and what
+    -- purge_log removed of it: ledger.purged_state) says, as
+    -- ledger._state_from_log recomputes it and ledger.verify_state checks:
     --   last_*          the run that started last (started_at, run_id);
     --   last_success_*  the success that started last;
     --   running_*       the running run;
     --   done_slot       the newest slot that succeeded;
     --   longest_success the longest successful run;
-    --   consecutive_failures  failures started after the last success started;
-    --   next_due        the job's first slot after done_slot (by its
-    --                   schedule; NULL without either): while it is
-    --                   still ahead of now, the next slot is it and no
-    --                   slot is overdue or missed, which the views then
-    --                   read without evaluating the schedule;
+    --   consecutive_failures  failures started after the last success
+    --                   started; a cancel (failure_reason 'cancelled') is
+    --                   no failure here: it neither adds nor resets;
+    --   next_due        the job's first slot after done_slot (after its
+    --                   registration while none succeeded); NULL without a
+    --                   schedule. Once it is older than the grace, the job
+    --                   is late;
+    --   down_due        the ledger._down_after_slots()th slot after the
+    --                   same instant: once it is older than the grace, the
+    --                   job is down;
     --   latest_end      the latest end of any of its runs;
     --   overlap_run_id  the newest run that started before an earlier run
     --                   ended (none: NULL), the alerts' overlap audit in
@@ -177,12 +187,13 @@ CREATE TABLE ledger.counters (
     next_due                timestamptz,
     latest_end              timestamptz,
     overlap_run_id          bigint,
+    down_due                timestamptz,
     CONSTRAINT counters_non_negative CHECK (
         runs_started >= 0 AND successes >= 0 AND failures >= 0
         AND skipped_overlap >= 0 AND skipped_backfill >= 0 AND leases_lost >= 0
         AND consecutive_failures >= 0)
 );
-COMMENT ON TABLE ledger.counters IS 'Monotonic per-job counters behind ledger.job_counters, and each job''s state from the log';
+COMMENT ON TABLE ledger.counters IS 'Each known job''s state row: its counters and its state from the log (one writer: ledger._set_state)';
 
 -- Skips counted without a WAL flush: a skip (another owner's live lease)
 -- writes only this UNLOGGED table, so its commit waits for no disk, and it
@@ -220,3 +231,19 @@ CREATE TABLE ledger.purged_keys (
     CONSTRAINT purged_keys_pkey PRIMARY KEY (job, idempotency_key)
 );
 COMMENT ON TABLE ledger.purged_keys IS 'Idempotency keys that succeeded, kept after purge_log removed their runs';
+
+-- What purge_log removed that a job's state still counts, one row per job:
+-- a purge never recounts the state down (ledger._state_from_log adds these
+-- back). The longest success it removed; the failures it removed that had
+-- started after the job's last success (whose start is streak_after, NULL:
+-- none yet), which stay in the failure streak while that is still the last
+-- success.
+CREATE TABLE ledger.purged_state (
+    job             ledger.label PRIMARY KEY,
+    longest_success interval,
+    streak_failures bigint      NOT NULL DEFAULT 0,
+    streak_after    timestamptz,
+    CONSTRAINT purged_state_streak_non_negative CHECK (streak_failures >= 0)
+);
+COMMENT ON TABLE ledger.purged_state IS
+    'Per job: the longest success and the failures of its streak that purge_log removed, still counted in its state';

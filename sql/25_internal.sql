@@ -310,7 +310,7 @@ AS $x$ SELECT interval '5 seconds' $x$;
 --   'busy'    another transaction held the row past ledger._lock_wait():
 --             `lease` is the last committed row (or NULL), and the caller
 --             answers as for 'held'.
--- Every writer takes the lease row first, then run rows, then counters.
+-- Every writer takes the lease row first, then run rows, then the state row.
 CREATE FUNCTION ledger._lock_lease(
     job text, owner text, ttl interval, timeline integer,
     OUT lease ledger.leases, OUT state text)
@@ -345,6 +345,7 @@ BEGIN
                 END IF;
                 CONTINUE;  -- changed in between: look again
             END IF;
+            PERFORM ledger._lock_lease_to_be(_lock_lease.job);
             INSERT INTO ledger.leases (job, owner, token, ttl, acquired_at, expires_at, timeline)
             SELECT _lock_lease.job, _lock_lease.owner, ledger._next_token(NULL, NULL, timeline),
                    ttl, now_.at, now_.at + ttl, timeline
@@ -365,6 +366,48 @@ BEGIN
     IF state IS NULL THEN
         state := 'busy';  -- three races lost in a row: answer as busy
     END IF;
+END
+$$;
+
+-- The lock that stands for a job's lease row while it has none: a
+-- transaction advisory lock on the job's name. A job's first lease row is
+-- inserted under it (ledger._lock_lease), and a writer of a registration
+-- that finds no lease row to take first takes it instead
+-- (ledger._lock_registration), so no lease row appears while that writer
+-- runs, and the per-job order holds for a job without a lease row too. A
+-- hash collision of two names only makes them wait for each other.
+CREATE FUNCTION ledger._lock_lease_to_be(job text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('ledger.leases'), hashtext(job));
+END
+$$;
+
+-- The first lock of a writer of a job's registration (register_job,
+-- unregister_job, pause_job, resume_job), in the per-job order: the job's
+-- lease row, when it has one (returned), or the lock that stands for it
+-- (ledger._lock_lease_to_be; then NULL, unless the row appeared meanwhile).
+-- The registration row comes after it.
+CREATE FUNCTION ledger._lock_registration(job text)
+RETURNS ledger.leases
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_lease ledger.leases;
+BEGIN
+    SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = _lock_registration.job FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM ledger._lock_lease_to_be(job);
+        -- made meanwhile (its maker held the lock above, and has committed)
+        SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = _lock_registration.job FOR UPDATE;
+    END IF;
+    RETURN v_lease;
 END
 $$;
 
@@ -419,7 +462,7 @@ END
 $$;
 
 -- A running run closed as failed because its lease was lost (lease_expired,
--- superseded): the run row, and the job's counters and state. The caller
+-- superseded): the run row, then the job's 'lost' transition. The caller
 -- holds the job's lease row lock.
 CREATE FUNCTION ledger._close_lost(run ledger.job_execution_log, reason text, at timestamptz)
 RETURNS void
@@ -427,189 +470,11 @@ LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_end    timestamptz := greatest(at, run.started_at);
-    v_streak bigint;
 BEGIN
-    IF NOT ledger._close_run(run.run_id, reason, v_end) THEN
+    IF NOT ledger._close_run(run.run_id, reason, at) THEN
         RETURN;
     END IF;
-    INSERT INTO ledger.counters AS c (job, failures, leases_lost, consecutive_failures,
-                                      last_run_id, last_status, last_started_at, last_completed_at, latest_end)
-    VALUES (run.job, 1, 1, 1, run.run_id, 'failure', run.started_at, v_end, v_end)
-    ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
-        latest_end           = greatest(c.latest_end, v_end),
-        failures             = c.failures + 1,
-        leases_lost          = c.leases_lost + 1,
-        consecutive_failures = c.consecutive_failures
-                               + CASE WHEN run.started_at > coalesce(c.last_success_started_at, '-infinity')
-                                      THEN 1 ELSE 0 END,
-        last_status          = CASE WHEN c.last_run_id = run.run_id THEN 'failure' ELSE c.last_status END,
-        last_completed_at    = CASE WHEN c.last_run_id = run.run_id THEN v_end ELSE c.last_completed_at END,
-        running_run_id       = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_run_id END,
-        running_token        = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_token END,
-        running_started_at   = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_started_at END
-    RETURNING c.consecutive_failures INTO v_streak;
-    PERFORM ledger._auto_pause(run.job, v_streak, v_end);
-END
-$$;
-
--- The end of a failure that made `streak` failures in a row pauses the job
--- when its pause_after_failures is at most that (in the transaction of the
--- end); a job paused already stays as it is.
-CREATE FUNCTION ledger._auto_pause(job text, streak bigint, at timestamptz)
-RETURNS void
-LANGUAGE plpgsql
-VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    UPDATE ledger.jobs j SET paused = true, paused_at = at, pause_reason = 'failures', updated_at = at
-     WHERE j.job = _auto_pause.job AND NOT j.paused AND j.pause_after_failures <= streak;
-END
-$$;
-
--- The jobs' state in ledger.counters recomputed from the log, exactly as
--- the state columns define it: after purge_log removed runs, and after a
--- write to the log that did not come through the ledger's functions (a
--- superuser's UPDATE, a bulk load: see ledger._foreign_log_write). A job
--- with runs but no counters row gets one (zero counters).
---
--- Set-based: the jobs' rows of the log are read once, by one index scan
--- per job, and every column is an aggregate over them (a purge refreshes
--- thousands of jobs per batch, whose rows lie far apart in the table: one
--- read of them each, not one per column). after_purge: the caller removed
--- only ended runs, and never a job's newest success by slot, so done_slot,
--- and the next_due that follows from it, stay as they are where done_slot
--- did not change (no schedule is evaluated); every other column is
--- recomputed. A custom plan for every call: the generic plan PL/pgSQL
--- switches to after five calls does not know how many jobs the array holds,
--- and at thousands it is more than ten times slower.
-CREATE FUNCTION ledger._refresh_state(jobs text[], after_purge boolean DEFAULT false)
-RETURNS void
-LANGUAGE plpgsql
-VOLATILE
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_custom_plan
-AS $$
-BEGIN
-    INSERT INTO ledger.counters (job)
-    SELECT DISTINCT r.job FROM ledger.job_execution_log r WHERE r.job = ANY (jobs)
-    ON CONFLICT ON CONSTRAINT counters_pkey DO NOTHING;
-    WITH r AS MATERIALIZED (
-        SELECT l.job, l.run_id, l.status, l.slot, l.token, l.started_at, l.completed_at,
-               -- as ledger.overlaps defines an overlap: a run that started
-               -- before a run started earlier had ended
-               max(coalesce(l.completed_at, 'infinity')) OVER (
-                   PARTITION BY l.job ORDER BY l.started_at, l.run_id
-                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier_end
-          FROM ledger.job_execution_log l WHERE l.job = ANY (jobs)
-    ), last_run AS (
-        SELECT DISTINCT ON (r.job) r.job, r.run_id, r.status, r.started_at, r.completed_at
-          FROM r ORDER BY r.job, r.started_at DESC, r.run_id DESC
-    ), last_success AS (
-        SELECT DISTINCT ON (r.job) r.job, r.started_at, r.completed_at
-          FROM r WHERE r.status = 'success' ORDER BY r.job, r.started_at DESC, r.run_id DESC
-    ), running AS (
-        SELECT r.job, r.run_id, r.token, r.started_at FROM r WHERE r.status = 'running'
-    ), totals AS (
-        SELECT r.job,
-               max(r.slot) FILTER (WHERE r.status = 'success') AS done_slot,
-               max(r.completed_at - r.started_at) FILTER (WHERE r.status = 'success') AS longest_success,
-               max(r.completed_at) AS latest_end
-          FROM r GROUP BY r.job
-    ), failures AS (
-        SELECT r.job, count(*) AS streak
-          FROM r LEFT JOIN last_success s ON s.job = r.job
-         WHERE r.status = 'failure' AND r.started_at > coalesce(s.started_at, '-infinity')
-         GROUP BY r.job
-    ), overlap AS (
-        SELECT DISTINCT ON (r.job) r.job, r.run_id
-          FROM r WHERE r.earlier_end > r.started_at ORDER BY r.job, r.started_at DESC, r.run_id DESC
-    ), state AS (
-        SELECT t.job, lr.run_id AS last_run_id, lr.status AS last_status, lr.started_at AS last_started_at,
-               lr.completed_at AS last_completed_at, ls.started_at AS last_success_started_at,
-               ls.completed_at AS last_success_at, rn.run_id AS running_run_id, rn.token AS running_token,
-               rn.started_at AS running_started_at, tt.done_slot, tt.longest_success,
-               coalesce(f.streak, 0) AS consecutive_failures, tt.latest_end, o.run_id AS overlap_run_id
-          FROM (SELECT DISTINCT u.job FROM unnest(jobs) AS u(job)) t
-          LEFT JOIN last_run lr ON lr.job = t.job
-          LEFT JOIN last_success ls ON ls.job = t.job
-          LEFT JOIN running rn ON rn.job = t.job
-          LEFT JOIN totals tt ON tt.job = t.job
-          LEFT JOIN failures f ON f.job = t.job
-          LEFT JOIN overlap o ON o.job = t.job
-    )
-    UPDATE ledger.counters c SET
-        last_run_id = st.last_run_id, last_status = st.last_status, last_started_at = st.last_started_at,
-        last_completed_at = st.last_completed_at, last_success_started_at = st.last_success_started_at,
-        last_success_at = st.last_success_at, running_run_id = st.running_run_id,
-        running_token = st.running_token, running_started_at = st.running_started_at,
-        done_slot = st.done_slot, longest_success = st.longest_success,
-        consecutive_failures = st.consecutive_failures, latest_end = st.latest_end,
-        overlap_run_id = st.overlap_run_id,
-        next_due = CASE
-            WHEN after_purge AND c.done_slot IS NOT DISTINCT FROM st.done_slot THEN c.next_due
-            ELSE (SELECT ledger._slot_after(j.schedule_spec, j.time_zone, st.done_slot)
-                    FROM ledger.jobs j
-                   WHERE j.job = c.job AND j.schedule IS NOT NULL AND st.done_slot IS NOT NULL)
-        END
-      FROM state st
-     WHERE c.job = st.job;
-END
-$$;
-
--- A row of the log written by anyone but the ledger's own functions (which
--- run as ledger_owner and keep the state themselves): recompute that job's
--- state, so the views never disagree with the log. The trigger's WHEN keeps
--- it off the functions' path.
-CREATE FUNCTION ledger._foreign_log_write()
-RETURNS trigger
-LANGUAGE plpgsql
-VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF TG_OP IN ('UPDATE', 'DELETE') THEN
-        PERFORM ledger._refresh_state(ARRAY[OLD.job]::text[]);
-    END IF;
-    IF TG_OP IN ('INSERT', 'UPDATE') THEN
-        PERFORM ledger._refresh_state(ARRAY[NEW.job]::text[]);
-    END IF;
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER job_execution_log_foreign_write
-    AFTER INSERT OR UPDATE OR DELETE ON ledger.job_execution_log
-    FOR EACH ROW WHEN (current_user <> 'ledger_owner')
-    EXECUTE FUNCTION ledger._foreign_log_write();
-
--- Add to a job's counters (one upsert, whatever moved).
-CREATE FUNCTION ledger._count(
-    job text,
-    runs_started bigint DEFAULT 0,
-    successes bigint DEFAULT 0,
-    failures bigint DEFAULT 0,
-    skipped_overlap bigint DEFAULT 0,
-    skipped_backfill bigint DEFAULT 0,
-    leases_lost bigint DEFAULT 0)
-RETURNS void
-LANGUAGE plpgsql
-VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    INSERT INTO ledger.counters AS c
-        (job, runs_started, successes, failures, skipped_overlap, skipped_backfill, leases_lost)
-    VALUES (_count.job, _count.runs_started, _count.successes, _count.failures,
-            _count.skipped_overlap, _count.skipped_backfill, _count.leases_lost)
-    ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
-        runs_started     = c.runs_started     + excluded.runs_started,
-        successes        = c.successes        + excluded.successes,
-        failures         = c.failures         + excluded.failures,
-        skipped_overlap  = c.skipped_overlap  + excluded.skipped_overlap,
-        skipped_backfill = c.skipped_backfill + excluded.skipped_backfill,
-        leases_lost      = c.leases_lost      + excluded.leases_lost;
+    SELECT * INTO run FROM ledger.job_execution_log r WHERE r.run_id = run.run_id;
+    PERFORM ledger._set_state(run.job, 'lost', run);
 END
 $$;

@@ -61,6 +61,7 @@ BEGIN
         v_lease := v_took.lease;
         v_state := v_took.state;
         IF v_state = 'created' THEN
+            PERFORM ledger._set_state(job, 'leased');
             RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
             RETURN;
         ELSIF v_state <> 'locked' THEN
@@ -86,6 +87,9 @@ BEGIN
         timeline    = v_timeline
      WHERE l.job = acquire.job
     RETURNING * INTO v_lease;
+    -- A job that holds a lease is known (job_status lists it): its state row
+    -- exists, or exists from now on (after unregister_job with history).
+    PERFORM ledger._set_state(job, 'leased');
     RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
 END
 $$;

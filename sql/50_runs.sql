@@ -1,7 +1,8 @@
 -- Runs: the execution log. Every function that changes a job's runs first
 -- locks the job's lease row, so all of them serialize per job in one order
--- (lease row, then the job's registration, then run rows, then counters)
--- and cannot deadlock each other. The registration row is locked FOR NO KEY
+-- (lease row, then the job's registration, then run rows, then the job's
+-- state row, which ledger._set_state alone writes) and cannot deadlock
+-- each other. The registration row is locked FOR NO KEY
 -- UPDATE by whoever changes it in place (register_job), so that the key
 -- share of a start's foreign keys never waits on it; only unregister_job,
 -- after the lease row, deletes it. A row a call waited for may be gone
@@ -175,38 +176,15 @@ BEGIN
         RETURNING * INTO v_lease;
     END IF;
     -- 'created' (a job with no lease row has no runs: nothing to check) or
-    -- taken just now: log the running run, count it, note it as the job's
-    -- last and running run.
+    -- taken just now: log the running run, and the job's 'started'
+    -- transition counts it and notes it as the job's last and running run.
     INSERT INTO ledger.job_execution_log
         (job, owner, token, slot, idempotency_key, status, started_at, heartbeat_at, detail)
     VALUES (v_lease.job, v_lease.owner, v_lease.token, _start.slot, _start.idempotency_key,
             'running', v_lease.acquired_at, v_lease.acquired_at, _start.detail)
-    RETURNING run_id INTO v_result.run_id;
-    INSERT INTO ledger.counters AS c (job, runs_started, last_run_id, last_status, last_started_at,
-                                      running_run_id, running_token, running_started_at)
-    VALUES (v_lease.job, 1, v_result.run_id, 'running', v_lease.acquired_at,
-            v_result.run_id, v_lease.token, v_lease.acquired_at)
-    ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
-        runs_started       = c.runs_started + 1,
-        last_run_id        = CASE WHEN c.last_run_id IS NULL
-                                    OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
-                                  THEN excluded.last_run_id ELSE c.last_run_id END,
-        last_status        = CASE WHEN c.last_run_id IS NULL
-                                    OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
-                                  THEN 'running' ELSE c.last_status END,
-        last_completed_at  = CASE WHEN c.last_run_id IS NULL
-                                    OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
-                                  THEN NULL ELSE c.last_completed_at END,
-        last_started_at    = CASE WHEN c.last_run_id IS NULL
-                                    OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
-                                  THEN excluded.last_started_at ELSE c.last_started_at END,
-        running_run_id     = excluded.running_run_id,
-        running_token      = excluded.running_token,
-        running_started_at = excluded.running_started_at,
-        -- started before an earlier run ended: only a clock stepped back can
-        -- do that here (the previous run was closed above, at v_now)
-        overlap_run_id     = CASE WHEN excluded.last_started_at < c.latest_end THEN excluded.running_run_id
-                                  ELSE c.overlap_run_id END;
+    RETURNING * INTO v_running;
+    PERFORM ledger._set_state(v_lease.job, 'started', v_running);
+    v_result.run_id := v_running.run_id;
     v_result.outcome := 'started';
     v_result.token := v_lease.token;
     v_result.expires_at := v_lease.expires_at;
@@ -359,7 +337,6 @@ DECLARE
     v_run    ledger.job_execution_log;
     v_lease  ledger.leases;
     v_detail jsonb;
-    v_streak bigint;
     v_error  text := CASE WHEN error IS NULL OR char_length(error) <= ledger._max_error_length() THEN error
                           ELSE ledger._bounded_error(error) END;
 BEGIN
@@ -443,70 +420,9 @@ BEGIN
     UPDATE ledger.leases l
        SET expires_at = least(l.expires_at, v_run.completed_at), released_at = v_run.completed_at
      WHERE l.job = v_run.job AND l.released_at IS NULL;
-    -- Count once, note the job's state, and fold in the skips counted since
-    -- (those whose rows no skipper holds right now; the rest wait for the
-    -- next end).
-    WITH folded AS (
-        UPDATE ledger.skip_counts s SET skipped_overlap = 0
-          FROM (SELECT t.job, t.shard, t.skipped_overlap FROM ledger.skip_counts t
-                 WHERE t.job = v_run.job AND t.skipped_overlap > 0
-                   FOR UPDATE SKIP LOCKED) pending
-         WHERE s.job = pending.job AND s.shard = pending.shard
-        RETURNING pending.skipped_overlap
-    )
-    UPDATE ledger.counters c SET
-        successes               = c.successes + CASE WHEN v_run.status = 'success' THEN 1 ELSE 0 END,
-        failures                = c.failures + CASE WHEN v_run.status = 'success' THEN 0 ELSE 1 END,
-        skipped_overlap         = c.skipped_overlap + coalesce((SELECT sum(f.skipped_overlap) FROM folded f), 0),
-        last_status             = CASE WHEN c.last_run_id = v_run.run_id THEN v_run.status ELSE c.last_status END,
-        last_completed_at       = CASE WHEN c.last_run_id = v_run.run_id THEN v_run.completed_at
-                                       ELSE c.last_completed_at END,
-        running_run_id          = CASE WHEN c.running_run_id = v_run.run_id THEN NULL ELSE c.running_run_id END,
-        running_token           = CASE WHEN c.running_run_id = v_run.run_id THEN NULL ELSE c.running_token END,
-        running_started_at      = CASE WHEN c.running_run_id = v_run.run_id THEN NULL ELSE c.running_started_at END,
-        last_success_started_at = CASE WHEN v_run.status = 'success'
-                                        AND v_run.started_at >= coalesce(c.last_success_started_at, '-infinity')
-                                       THEN v_run.started_at ELSE c.last_success_started_at END,
-        last_success_at         = CASE WHEN v_run.status = 'success'
-                                        AND v_run.started_at >= coalesce(c.last_success_started_at, '-infinity')
-                                       THEN v_run.completed_at ELSE c.last_success_at END,
-        done_slot               = CASE WHEN v_run.status = 'success' AND v_run.slot IS NOT NULL
-                                       THEN greatest(c.done_slot, v_run.slot) ELSE c.done_slot END,
-        -- a success that moves done_slot on: one schedule evaluation here
-        -- saves one per read of job_status and job_health
-        next_due                = CASE WHEN v_run.status = 'success' AND v_run.slot IS NOT NULL
-                                        AND v_run.slot > coalesce(c.done_slot, '-infinity')
-                                       THEN (SELECT ledger._slot_after(j.schedule_spec, j.time_zone, v_run.slot)
-                                               FROM ledger.jobs j
-                                              WHERE j.job = v_run.job AND j.schedule IS NOT NULL)
-                                       ELSE c.next_due END,
-        longest_success         = CASE WHEN v_run.status = 'success'
-                                       THEN greatest(c.longest_success, v_run.completed_at - v_run.started_at)
-                                       ELSE c.longest_success END,
-        latest_end              = greatest(c.latest_end, v_run.completed_at),
-        -- failures that started after the last success: none after this one
-        consecutive_failures    = CASE
-                                      WHEN v_run.status <> 'success'
-                                      THEN c.consecutive_failures
-                                           + CASE WHEN v_run.started_at > coalesce(c.last_success_started_at, '-infinity')
-                                                  THEN 1 ELSE 0 END
-                                      WHEN v_run.started_at >= coalesce(c.last_success_started_at, '-infinity')
-                                      THEN 0
-                                      ELSE c.consecutive_failures END
-     WHERE c.job = v_run.job
-    RETURNING c.consecutive_failures INTO v_streak;
-    IF NOT FOUND THEN
-        -- A run written past the functions, with no counters row yet.
-        PERFORM ledger._count(v_run.job, successes => CASE WHEN v_run.status = 'success' THEN 1 ELSE 0 END,
-                              failures => CASE WHEN v_run.status = 'success' THEN 0 ELSE 1 END);
-        PERFORM ledger._refresh_state(ARRAY[v_run.job]);
-        SELECT c.consecutive_failures INTO v_streak FROM ledger.counters c WHERE c.job = v_run.job;
-    END IF;
-    -- A failure may pause the job (pause_after_failures): one more statement
-    -- on the failure path only, none on a success.
-    IF v_run.status = 'failure' THEN
-        PERFORM ledger._auto_pause(v_run.job, v_streak, v_run.completed_at);
-    END IF;
+    -- Counted, noted as the job's state, and the pending skips folded in,
+    -- by the job's one writer.
+    PERFORM ledger._set_state(v_run.job, 'ended', v_run);
     RETURN v_run;
 END
 $$;
@@ -554,7 +470,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION ledger.cancel_run(bigint, bigint, text) IS
-    'End the run as failure (reason cancelled: the runner was told to stop) and release its lease';
+    'End the run as cancelled (status failure, reason cancelled: the runner was told to stop; no failure of the job) and release its lease';
 
 CREATE FUNCTION ledger.reap_expired(job text DEFAULT NULL)
 RETURNS integer
@@ -565,68 +481,35 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_now    timestamptz := ledger._now();
-    v_closed bigint;
-    v_jobs   text[];
+    v_closed integer := 0;
+    v_lease  ledger.leases;
+    v_run    ledger.job_execution_log;
 BEGIN
     PERFORM ledger._check_label(job, 'job', false);
     -- SKIP LOCKED: a job whose lease row is locked is being started, renewed
     -- or ended right now, and that writer settles it; concurrent reapers
     -- split the work instead of waiting on each other. FOR UPDATE returns the
     -- row as locked, so the expiry tested below is current, not a snapshot.
-    WITH lost AS (
-        SELECT l.job, l.token, l.expires_at, l.released_at
-          FROM ledger.leases l
+    FOR v_lease IN
+        SELECT l.* FROM ledger.leases l
          WHERE (reap_expired.job IS NULL OR l.job = reap_expired.job)
            AND EXISTS (SELECT FROM ledger.job_execution_log r
                         WHERE r.job = l.job AND r.status = 'running')
            FOR UPDATE OF l SKIP LOCKED
-    ), closed AS (
-        UPDATE ledger.job_execution_log r SET
-            status         = 'failure',
-            failure_reason = CASE WHEN lost.token <> r.token THEN 'superseded' ELSE 'lease_expired' END,
-            completed_at   = greatest(v_now, r.started_at),
-            error          = CASE WHEN lost.token <> r.token THEN 'lease superseded by a newer token'
-                                  ELSE 'lease expired before the run ended' END
-          FROM lost
-         WHERE r.job = lost.job AND r.status = 'running'
-           AND (lost.token <> r.token OR lost.released_at IS NOT NULL OR lost.expires_at <= v_now)
-        RETURNING r.job, r.token, r.failure_reason, r.run_id, r.started_at, r.completed_at
-    ), released AS (
+    LOOP
+        SELECT * INTO v_run FROM ledger.job_execution_log r WHERE r.job = v_lease.job AND r.status = 'running';
+        CONTINUE WHEN NOT FOUND
+                   OR (v_lease.token = v_run.token AND v_lease.released_at IS NULL AND v_lease.expires_at > v_now);
+        -- closed, counted and noted (a failure that may pause the job), by
+        -- the job's 'lost' transition
+        PERFORM ledger._close_lost(v_run, CASE WHEN v_lease.token <> v_run.token THEN 'superseded'
+                                               ELSE 'lease_expired' END, v_now);
         -- A reaped lease is over: its late holder may not renew it.
         UPDATE ledger.leases l SET released_at = v_now, expires_at = least(l.expires_at, v_now)
-          FROM closed
-         WHERE l.job = closed.job AND l.token = closed.token AND l.released_at IS NULL
-    ), counted AS (
-        -- One closed run per job at most (one running run per job): count
-        -- it and note it in the job's state, as ledger._close_lost does.
-        INSERT INTO ledger.counters AS c (job, failures, leases_lost, consecutive_failures,
-                                          last_run_id, last_status, last_started_at, last_completed_at, latest_end)
-        SELECT closed.job, 1, 1, 1, closed.run_id, 'failure', closed.started_at, closed.completed_at,
-               closed.completed_at FROM closed
-        ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
-            latest_end           = greatest(c.latest_end, excluded.latest_end),
-            failures             = c.failures + 1,
-            leases_lost          = c.leases_lost + 1,
-            consecutive_failures = c.consecutive_failures
-                                   + CASE WHEN excluded.last_started_at > coalesce(c.last_success_started_at, '-infinity')
-                                          THEN 1 ELSE 0 END,
-            last_status          = CASE WHEN c.last_run_id = excluded.last_run_id THEN 'failure' ELSE c.last_status END,
-            last_completed_at    = CASE WHEN c.last_run_id = excluded.last_run_id THEN excluded.last_completed_at
-                                        ELSE c.last_completed_at END,
-            running_run_id       = CASE WHEN c.running_run_id = excluded.last_run_id THEN NULL ELSE c.running_run_id END,
-            running_token        = CASE WHEN c.running_run_id = excluded.last_run_id THEN NULL ELSE c.running_token END,
-            running_started_at   = CASE WHEN c.running_run_id = excluded.last_run_id THEN NULL
-                                        ELSE c.running_started_at END
-    )
-    SELECT count(*), array_agg(closed.job::text) INTO v_closed, v_jobs FROM closed;
-    IF v_jobs IS NOT NULL THEN
-        -- The failures just counted may pause their jobs (pause_after_failures).
-        UPDATE ledger.jobs j SET paused = true, paused_at = v_now, pause_reason = 'failures', updated_at = v_now
-          FROM ledger.counters c
-         WHERE c.job = j.job AND j.job = ANY (v_jobs) AND NOT j.paused
-           AND c.consecutive_failures >= j.pause_after_failures;
-    END IF;
-    RETURN v_closed::integer;
+         WHERE l.job = v_lease.job AND l.token = v_run.token AND l.released_at IS NULL;
+        v_closed := v_closed + 1;
+    END LOOP;
+    RETURN v_closed;
 END
 $$;
 COMMENT ON FUNCTION ledger.reap_expired(text) IS

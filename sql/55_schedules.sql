@@ -202,11 +202,12 @@ BEGIN
                                         'max', ledger._max_pause_after_failures())::text;
     END IF;
 
-    -- The registration as it is, locked (a first one: created, then locked).
-    -- FOR NO KEY UPDATE, as the UPDATE below would: a start's foreign key
-    -- checks (FOR KEY SHARE) on this row must never wait on a registration,
-    -- or a start holding the job's counters and a registration waiting for
-    -- them would deadlock.
+    -- The per-job order every writer follows: the lease row first (when the
+    -- job has none: the registration, ledger._lock_registration), then the
+    -- registration as it is, locked (a first one: created, then locked). FOR NO KEY UPDATE, as the UPDATE below would: a
+    -- start's foreign key checks (FOR KEY SHARE) on this row must never wait
+    -- on a registration.
+    PERFORM ledger._lock_registration(register_job.job);
     SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR NO KEY UPDATE;
     v_new := NOT FOUND;
     IF v_new THEN
@@ -267,12 +268,8 @@ BEGIN
         updated_at           = CASE WHEN v_new THEN j.updated_at ELSE ledger._now() END
      WHERE j.job = register_job.job
     RETURNING * INTO v_job;
-    -- The job's first slot after its newest done one, by the schedule as it
-    -- is now (a composite IS NOT NULL asks for every field: test schedule).
-    UPDATE ledger.counters c
-       SET next_due = CASE WHEN v_job.schedule IS NOT NULL AND c.done_slot IS NOT NULL
-                           THEN ledger._slot_after(v_spec, v_job.time_zone, c.done_slot) END
-     WHERE c.job = register_job.job;
+    -- The job's state row: its due marks follow the schedule as it is now.
+    PERFORM ledger._set_state(register_job.job, 'registration');
     RETURN v_job;
 END
 $$;
@@ -290,6 +287,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM ledger._check_label(job, 'job');
+    PERFORM ledger._lock_registration(_set_paused.job);  -- the per-job order: the lease row first
     PERFORM ledger._registered_job(job);
     UPDATE ledger.jobs j SET paused       = _set_paused.paused,
                              paused_at    = CASE WHEN _set_paused.paused THEN ledger._now() END,
@@ -424,8 +422,7 @@ BEGIN
         INSERT INTO ledger.skipped_slots (job, first_slot, last_slot, slot_count, reason)
         VALUES (job, ledger._slot_after(v_job.schedule_spec, v_job.time_zone, v_lower), v_last,
                 v_count, 'backfill_limit');
-        UPDATE ledger.counters c SET skipped_backfill = c.skipped_backfill + v_count
-         WHERE c.job = start_due_run.job;
+        PERFORM ledger._set_state(job, 'skipped_backfill', slots => v_count);
     END IF;
     RETURN v_result;
 END
@@ -436,9 +433,18 @@ COMMENT ON FUNCTION ledger.start_due_run(text, text, interval) IS
 -- One batch of a purge: the ended runs older than cutoff among the run ids
 -- from from_run_id to from_run_id + 9,999, in one DELETE, so that no
 -- statement holds more than a batch of row locks or scans more than a batch
--- of rows; and the state of the jobs the batch touched, recomputed from
--- what is left (ledger._refresh_state). next_run_id: the first run id of
--- the next batch (gaps in the ids skipped), NULL after the last.
+-- of rows. next_run_id: the first run id of the next batch (gaps in the ids
+-- skipped), NULL after the last.
+--
+-- A purge writes no state row, so it never overwrites a transition that
+-- commits while it runs, and it locks no lease row. The runs a job's state is
+-- read from stay: its last run, its last success (by start) and its newest
+-- success by slot (catch-up starts after it), the run that ended last, and
+-- the runs of its overlap. What else the state counts is remembered
+-- (ledger.purged_state): the longest success, and the failures of the
+-- current streak, so a purge never counts a streak or a longest run down.
+-- What is kept is read from the state row of the statement's snapshot, which
+-- is the log's (the writers change both in one transaction): O(1) per run.
 CREATE FUNCTION ledger._purge_batch(cutoff timestamptz, from_run_id bigint,
                                     OUT deleted bigint, OUT next_run_id bigint)
 LANGUAGE plpgsql
@@ -446,37 +452,27 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_jobs text[];
-    batch  constant integer := 10000;  -- run ids per DELETE
+    batch constant integer := 10000;  -- run ids per DELETE
 BEGIN
-    -- Keep each job's newest success, by slot (catch-up starts from it)
-    -- and by time (job_status shows it): for the jobs of this range only.
-    WITH candidates AS (
-        SELECT r.run_id, r.job FROM ledger.job_execution_log r
+    WITH doomed AS (
+        -- Found by primary key: the DELETE joins the batch, not the log.
+        SELECT r.run_id FROM ledger.job_execution_log r
+          JOIN ledger.counters c ON c.job = r.job
+          LEFT JOIN ledger.job_execution_log o ON o.run_id = c.overlap_run_id
          WHERE r.run_id >= from_run_id AND r.run_id < from_run_id + batch
            AND r.status <> 'running' AND r.completed_at < cutoff
-    ), keep AS (
-        SELECT newest.run_id
-          FROM (SELECT DISTINCT candidates.job FROM candidates) jobs_,
-               LATERAL (
-                   (SELECT r.run_id FROM ledger.job_execution_log r
-                     WHERE r.job = jobs_.job AND r.status = 'success' AND r.slot IS NOT NULL
-                     ORDER BY r.slot DESC LIMIT 1)
-                   UNION ALL
-                   (SELECT r.run_id FROM ledger.job_execution_log r
-                     WHERE r.job = jobs_.job AND r.status = 'success'
-                     ORDER BY r.completed_at DESC LIMIT 1)) newest
-    ), doomed AS (
-        -- An anti-join of the batch, so the DELETE finds its rows by
-        -- primary key: a NOT IN on the DELETE itself made it a scan of
-        -- the whole log for every batch.
-        SELECT candidates.run_id FROM candidates
-         WHERE NOT EXISTS (SELECT FROM keep WHERE keep.run_id = candidates.run_id)
+           AND r.run_id IS DISTINCT FROM c.last_run_id
+           AND NOT coalesce(r.status = 'success' AND (r.started_at = c.last_success_started_at
+                                                      OR r.slot = c.done_slot), false)
+           AND r.completed_at < c.latest_end
+           AND NOT coalesce(r.run_id = o.run_id
+                            OR (r.started_at < o.started_at AND r.completed_at > o.started_at), false)
     ), purged AS (
         DELETE FROM ledger.job_execution_log r
          USING doomed
          WHERE r.run_id = doomed.run_id
-        RETURNING r.run_id, r.job, r.slot, r.idempotency_key, r.status, r.started_at, r.completed_at
+        RETURNING r.run_id, r.job, r.slot, r.idempotency_key, r.status, r.failure_reason, r.started_at,
+                  r.completed_at
     ), slots_done AS (
         -- What a purge must not forget: the slots and keys that succeeded.
         INSERT INTO ledger.purged_slots AS p (job, done_through)
@@ -490,26 +486,29 @@ BEGIN
         SELECT purged.job, purged.idempotency_key, purged.run_id, purged.completed_at FROM purged
          WHERE purged.status = 'success' AND purged.idempotency_key IS NOT NULL
         ON CONFLICT ON CONSTRAINT purged_keys_pkey DO NOTHING
+    ), state_kept AS (
+        -- ...and what the state counts of them: their longest success, and
+        -- the failures (not cancels) that started after the job's last
+        -- success, which stay in its streak while that is the last success.
+        INSERT INTO ledger.purged_state AS p (job, longest_success, streak_failures, streak_after)
+        SELECT purged.job,
+               max(purged.completed_at - purged.started_at) FILTER (WHERE purged.status = 'success'),
+               count(*) FILTER (WHERE purged.status = 'failure' AND purged.failure_reason <> 'cancelled'
+                                  AND purged.started_at > coalesce(c.last_success_started_at, '-infinity')),
+               c.last_success_started_at
+          FROM purged JOIN ledger.counters c ON c.job = purged.job
+         GROUP BY purged.job, c.last_success_started_at
+        HAVING count(*) FILTER (WHERE purged.status = 'success'
+                                   OR (purged.status = 'failure' AND purged.failure_reason <> 'cancelled'
+                                       AND purged.started_at > coalesce(c.last_success_started_at, '-infinity'))) > 0
+        ON CONFLICT ON CONSTRAINT purged_state_pkey DO UPDATE SET
+            longest_success = greatest(p.longest_success, excluded.longest_success),
+            streak_failures = CASE WHEN p.streak_after IS NOT DISTINCT FROM excluded.streak_after
+                                   THEN p.streak_failures + excluded.streak_failures
+                                   ELSE excluded.streak_failures END,
+            streak_after    = excluded.streak_after
     )
-    -- The jobs whose state the removed rows were part of: their last
-    -- run, their longest success, a failure since their last success
-    -- (the newest successes stay, and so do running runs), their latest
-    -- end, or their overlap.
-    SELECT count(*),
-           array_agg(DISTINCT purged.job::text)
-               FILTER (WHERE c.job IS NULL OR purged.run_id = c.last_run_id
-                          OR (purged.status = 'success'
-                              AND (purged.completed_at - purged.started_at >= c.longest_success
-                                   OR purged.started_at >= c.last_success_started_at))
-                          OR (purged.status = 'failure'
-                              AND purged.started_at > coalesce(c.last_success_started_at, '-infinity'))
-                          OR purged.completed_at >= c.latest_end
-                          OR purged.run_id = c.overlap_run_id)
-      INTO deleted, v_jobs
-      FROM purged LEFT JOIN ledger.counters c ON c.job = purged.job;
-    IF v_jobs IS NOT NULL THEN
-        PERFORM ledger._refresh_state(v_jobs, after_purge => true);
-    END IF;
+    SELECT count(*) INTO deleted FROM purged;
     SELECT min(r.run_id) INTO next_run_id FROM ledger.job_execution_log r
      WHERE r.run_id >= from_run_id + batch;
 END
@@ -547,9 +546,10 @@ END
 $$;
 
 -- All batches in the caller's transaction: what it removed is gone, or
--- nothing is. The counters rows of the jobs it refreshed stay locked until
--- that transaction ends, so an end of a run of such a job waits for it:
--- a purge of millions of rows belongs to ledger.purge_log_in_batches.
+-- nothing is. It writes no state row, so no run's end waits for it; but the
+-- rows it deleted stay locked, and its WAL and dead rows grow, until that
+-- transaction ends: a purge of millions of rows belongs to
+-- ledger.purge_log_in_batches.
 CREATE FUNCTION ledger.purge_log(older_than interval)
 RETURNS bigint
 LANGUAGE plpgsql

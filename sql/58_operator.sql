@@ -24,7 +24,7 @@ BEGIN
     IF with_history IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument with_history must not be null';
     END IF;
-    SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = unregister_job.job FOR UPDATE;
+    v_lease := ledger._lock_registration(unregister_job.job);
     IF NOT EXISTS (SELECT FROM ledger.jobs j WHERE j.job = unregister_job.job)
        AND (NOT with_history OR v_lease.job IS NULL) THEN
         PERFORM ledger._raise('LD005', format('job not found: %s was never registered', job),
@@ -43,13 +43,21 @@ BEGIN
     DELETE FROM ledger.jobs j WHERE j.job = unregister_job.job;  -- skipped_slots cascade
     v_found := FOUND;
     IF with_history THEN
-        -- The state in ledger.counters goes with the log it was kept from.
         DELETE FROM ledger.job_execution_log r WHERE r.job = unregister_job.job;
-        DELETE FROM ledger.counters c WHERE c.job = unregister_job.job;
         DELETE FROM ledger.skip_counts s WHERE s.job = unregister_job.job;
         DELETE FROM ledger.purged_slots p WHERE p.job = unregister_job.job;
         DELETE FROM ledger.purged_keys k WHERE k.job = unregister_job.job;
+        -- The state row goes with the log it was kept from: the job is no
+        -- longer known (job_status, job_health and alerts list no ghost),
+        -- though its lease row stays.
+        PERFORM ledger._set_state(unregister_job.job, 'forgotten');
         v_found := true;
+    ELSIF v_lease.job IS NULL THEN
+        -- It never took a lease, so it has no runs: nothing is left of it.
+        PERFORM ledger._set_state(unregister_job.job, 'forgotten');
+    ELSE
+        -- Known still, by its lease and runs: no schedule, so no slot is due.
+        PERFORM ledger._set_state(unregister_job.job, 'registration');
     END IF;
     RETURN v_found;
 END

@@ -48,7 +48,7 @@ COMMENT ON TABLE ledger.events IS
     'State changes in order (event_id): runs started, ended, lost, cancelled; jobs paused, resumed; alerts raised, cleared';
 
 -- The alerts sync_alerts last saw, so that it records only what changed.
--- An alert about one run (overlap, long_running, overrun) is keyed by it;
+-- An alert about one run (overlap, long_running, overrun, crashed) is keyed by it;
 -- the others by job and alert alone, so that a message that moves on ("4
 -- failures in a row", then 5) is the same alert.
 CREATE TABLE ledger.alert_state (
@@ -350,7 +350,7 @@ BEGIN
         SELECT DISTINCT ON (a.job, a.alert, k.run_key)
                a.job, a.alert, k.run_key, a.run_id, a.message, coalesce(a.since, ledger._view_now()) AS since
           FROM ledger.alerts a
-         CROSS JOIN LATERAL (SELECT CASE WHEN a.alert IN ('overlap', 'long_running', 'overrun')
+         CROSS JOIN LATERAL (SELECT CASE WHEN a.alert IN ('overlap', 'long_running', 'overrun', 'crashed')
                                          THEN coalesce(a.run_id, 0) ELSE 0 END AS run_key) k
          ORDER BY a.job, a.alert, k.run_key, a.since
     ), cleared AS (

@@ -31,6 +31,10 @@ $grants$;
 GRANT EXECUTE ON FUNCTION ledger.next_slots(text, integer, timestamptz),
                           ledger.preview_slots(text, text, integer, timestamptz) TO ledger_reader;
 
+-- The state audit reads the tables a reader may SELECT, and writes nothing:
+-- a monitor may run it, as it reads ledger.overlaps.
+GRANT EXECUTE ON FUNCTION ledger.verify_state() TO ledger_reader;
+
 -- The views compute next and overdue slots, and a view's functions are
 -- checked against whoever reads it. IMMUTABLE helpers are pure arithmetic
 -- (slots, tokens, argument checks) that read and write nothing: both roles

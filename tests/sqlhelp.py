@@ -36,6 +36,7 @@ SELECT (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job), '[]') FROM ledger
     || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job, t.first_slot), '[]') FROM ledger.skipped_slots t)
     || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job), '[]') FROM ledger.purged_slots t)
     || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job, t.idempotency_key), '[]') FROM ledger.purged_keys t)
+    || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job), '[]') FROM ledger.purged_state t)
 """
 
 

@@ -12,15 +12,18 @@ failure, how to reproduce it by hand:
 - ``ledger.verify.guarantees``: the checks that exercise the ledger on
   scratch jobs (racing workers, a zombie, a lost lease, a reconnect);
 - ``ledger.verify.environment``: the checks of what surrounds it (the role,
-  the clock, the path, replication, the xmin horizon), which only read.
+  the clock, the path, replication, the xmin horizon, the audit of the
+  jobs' state rows), which only read.
 
 The checks that write use scratch jobs named ``jobledger-verify:...``
 (:data:`JOBS`), the same names on every run, guarded by a lease of their own
 (:data:`GUARD`): two verifies at once never share them, and a verify that
 died is tidied up by the next. At the end each scratch job is removed with
-``ledger.unregister_job(job, with_history => true)``; its lease row and its
-fence stay, by design: they are the job's token high-water mark, which the
-ledger never deletes (``jobledger status`` lists them as jobs that never ran).
+``ledger.unregister_job(job, with_history => true)``, and so is the guard
+once released; their lease rows and fences stay, by design: they are the
+jobs' token high-water marks, which the ledger never deletes. No job is
+left for ``jobledger status`` to list (a job unregistered with its history
+is no longer known).
 No table is left either: the zombie check's fenced write goes into a TEMP
 table that its own transaction creates and drops (``ON COMMIT DROP``), which
 is safe behind a transaction pooler, where a TEMP table that outlives its
@@ -50,7 +53,7 @@ from ledger.errors import InvalidArgument, JobNotFound, LedgerError
 from ledger.text import first_line
 from ledger.verify._base import (APPLICATION_NAME, CHECK_TIMEOUT, GUARANTEES, JOBS, REPRODUCE, RESOURCES, Check,
                                  CheckFunction, Probe, Status, dsn_params, fetch_one, iso, timed_out, verdict)
-from ledger.verify.environment import check_clock, check_mvcc, check_path, check_replication, check_role
+from ledger.verify.environment import check_clock, check_mvcc, check_path, check_replication, check_role, check_state
 from ledger.verify.guarantees import check_lost_lease, check_race, check_reconnect, check_zombie
 
 __all__ = ["CHECKS", "CHECK_TIMEOUT", "GUARANTEES", "GUARD", "JOBS", "REPRODUCE", "RESOURCES", "Check", "Report",
@@ -94,6 +97,7 @@ CHECKS: dict[str, CheckFunction] = {
     "role": check_role,
     "replication": check_replication,
     "mvcc": check_mvcc,
+    "state": check_state,
 }
 """Every check by name, in the order of the report."""
 
@@ -149,7 +153,8 @@ def _verify(dsn: str, timeout: float, began: float) -> Report:
                     cleanup = _remove_scratch(conn, probe)
                     _release_guard(conn, probe, guard)
         results["mvcc"] = _bounded("mvcc", CHECKS["mvcc"], probe, timeout)  # after the writers: none of ours is open
-    order = ("race", "zombie", "lost-lease", "reconnect", "clock", "path", "role", "replication", "mvcc")
+        results["state"] = _bounded("state", CHECKS["state"], probe, timeout)  # after the scratch jobs are gone
+    order = ("race", "zombie", "lost-lease", "reconnect", "clock", "path", "role", "replication", "mvcc", "state")
     return Report(target, [results[name] for name in order], cleanup, time.monotonic() - began)
 
 
@@ -214,10 +219,19 @@ def _take_guard(conn: psycopg.Connection[Any], probe: Probe) -> int | str:
 
 
 def _release_guard(conn: psycopg.Connection[Any], probe: Probe, token: int) -> None:
+    """Release the guard and forget it, as the scratch jobs are: a verify leaves no job that status lists.
+
+    One transaction: the release keeps the guard's lease row locked until the
+    unregister commits, so a second verify cannot take the guard in between
+    and lose its state row. Only the lease row stays (its token high-water mark).
+    """
+    ledger = probe.ledger(conn)
     try:
-        probe.ledger(conn).release(GUARD, token)
+        with conn.transaction():
+            if ledger.release(GUARD, token):  # else another verify holds it now, and forgets it
+                ledger.unregister_job(GUARD, with_history=True)
     except (LedgerError, psycopg.Error):
-        pass  # it expires by itself (GUARD_TTL)
+        pass  # it expires by itself (GUARD_TTL); the next verify forgets it
 
 
 def _remove_scratch(conn: psycopg.Connection[Any], probe: Probe) -> dict[str, Any]:

@@ -68,6 +68,7 @@ GUARANTEES: dict[str, str] = {
     "role": "the connecting role can run jobs and is no more than a ledger client",
     "replication": "commits reach a synchronous standby (what a failover may lose)",
     "mvcc": "nothing holds back the xmin horizon or piles dead versions on the ledger's hot rows",
+    "state": "every job's stored state is what its log, schedule and lease give (ledger.verify_state() is empty)",
 }
 
 # How to see each guarantee by hand, with psql or Python: what a failed check prints.
@@ -132,6 +133,8 @@ psql "$LEDGER_DSN" -c "SELECT pid, usename, state, age(backend_xmin), now() - xa
 WHERE backend_xmin IS NOT NULL ORDER BY 4 DESC"
 psql "$LEDGER_DSN" -c "SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables \
 WHERE schemaname = 'ledger'"  # dead versions on leases, counters""",
+    "state": """\
+psql "$LEDGER_DSN" -c "SELECT * FROM ledger.verify_state()"  # per job: the columns whose stored value differs""",
 }
 
 

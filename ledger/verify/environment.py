@@ -1,4 +1,5 @@
-"""The checks of what surrounds the ledger: the role, the clock, the path (a pooler), replication, the xmin horizon.
+"""The checks of what surrounds the ledger: the role, the clock, the path (a pooler), replication, the xmin horizon;
+and the audit of the jobs' state rows.
 
 Each takes a :class:`~ledger.verify._base.Probe` and returns a
 :class:`~ledger.verify._base.Check`; none of them writes.
@@ -302,3 +303,19 @@ def check_mvcc(probe: Probe) -> Check:
                    facts)
 
 
+def check_state(probe: Probe) -> Check:
+    """The state audit: every job's stored state recomputed from its log, what purge kept of it, its schedule
+    and its lease (``ledger.verify_state()``), which is empty while the ledger holds. It reads the whole log."""
+    with probe.connect() as conn:
+        differing = fetch_all(conn, queries.VERIFY_STATE)
+    jobs = int(differing[0]["jobs"]) if differing else 0
+    facts: dict[str, Any] = {"jobs_differing": jobs,
+                             "first": [{"job": row["job"], "state": row["state"], "differences": row["differences"]}
+                                       for row in differing]}
+    if jobs:
+        named = ", ".join(f"{row['job']} ({', '.join(sorted(row['differences']))})" for row in differing)
+        return verdict("state", "failed", f"{jobs} job{'' if jobs == 1 else 's'}' stored state differs from the log: "
+                       f"{named}{', ...' if jobs > len(differing) else ''}", facts,
+                       advice="report it (an issue, with the rows of ledger.verify_state()): the state rows have "
+                              "one writer, and a difference is a bug or a write past the ledger's functions")
+    return verdict("state", "held", "every job's stored state is what its log, schedule and lease give", facts)

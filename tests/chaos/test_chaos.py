@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 
+import psycopg
 import pytest
 
 from cluster import cluster_root  # noqa: F401  (fixture)
@@ -53,6 +54,8 @@ def _chaos(cluster_root, tmp_path, config: Config) -> dict:  # noqa: F811
     # An audit of nothing proves nothing: runs started, writes committed, the workers saw them.
     assert figures["runs"] > 0 and figures["writes"] > 0 and figures["acknowledged"]["write"] > 0, figures
     assert figures["kills"] >= 1 and figures["freezes"] >= 1 and figures["restarts"] >= 1, figures
+    with psycopg.connect(chaos.dsn) as conn:  # the state rows are the log's, after every crash
+        assert conn.execute("SELECT count(*) FROM ledger.verify_state()").fetchone()[0] == 0
     return figures
 
 

@@ -8,7 +8,7 @@ superuser is warned about, a login without ledger_client fails with a way
 to reproduce it, a transaction pooler is detected and its broken prepared
 statements reported, a held snapshot is named by its pid. What a verify
 leaves behind is read from the database afterwards: no registration, no run,
-no table; only the scratch jobs' lease rows and fences (the token high-water
+no state row (no job that status lists), no table; only the scratch jobs' lease rows and fences (the token high-water
 marks), the same ones after a second run. Only invariants are asserted,
 never how long a check took.
 """
@@ -134,9 +134,10 @@ def test_it_leaves_no_registration_no_run_and_no_table_only_the_token_high_water
     assert code == 0, report
     assert _remains(db)["leases"] == len(SCRATCH)
     assert all(_tokens(db)[job] > token for job, token in tokens.items())
-    statuses_ = db.execute("SELECT holder, runs_started FROM ledger.job_status WHERE job = ANY(%s)",
-                           (SCRATCH,)).fetchall()
-    assert statuses_ and all(row == (None, 0) for row in statuses_)  # jobs that never ran, as status lists them
+    # no job left that status, health or the alerts list (the guard too is forgotten once released)
+    for view in ("job_status", "job_health", "alerts"):
+        assert db.execute(f"SELECT count(*) FROM ledger.{view} WHERE job = ANY(%s)", (SCRATCH,)).fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM ledger.verify_state()").fetchone() == (0,)
 
 
 def test_a_verify_that_died_is_tidied_up_by_the_next(db, dsn):

@@ -15,7 +15,7 @@ from clihelp import environment, jobledger
 def _check_demo_output(stdout: str) -> None:
     assert stdout.rstrip("\n").splitlines()[-1] == "audit: ledger.overlaps has 0 rows"
     for promise in ("1 · Three workers, one slot", "rejected by the fence (LD001)", "complete_run refused (LD001)",
-                    "closes 1 run as lease_expired", "backfill_limit", "consecutive_failures", "ledger.job_status"):
+                    "closes 1 run as lease_expired", "backfill_limit", "failing", "ledger.job_status"):
         assert promise in stdout, promise
     assert "unexpected" not in stdout and "problem:" not in stdout
 

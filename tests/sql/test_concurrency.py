@@ -74,6 +74,7 @@ def test_acquire_under_contention_never_has_two_holders_and_tokens_count_up(dsn,
     assert tokens == sorted(tokens)                                 # issued in increasing order
     lease = rows(db, "SELECT token, released_at FROM ledger.leases WHERE job = 'hot'")[0]
     assert lease["token"] == WORKERS * HOLDS and lease["released_at"] is not None
+    assert value(db, "SELECT count(*) FROM ledger.verify_state()") == 0  # the lease's job has its state row
 
 
 def _run_worker(dsn, worker, barrier, deadline, outcomes, frozen, rejected, errors):
@@ -165,6 +166,7 @@ def test_runs_under_contention_stay_exclusive_fenced_in_token_order_and_audited(
     assert counters["successes"] + counters["failures"] == outcomes["started"]
     assert counters["successes"] == sum(r["status"] == "success" for r in log)
     assert counters["leases_lost"] == sum(r["failure_reason"] in ("lease_expired", "superseded") for r in log)
+    assert value(db, "SELECT count(*) FROM ledger.verify_state()") == 0  # the state row is the log's
 
 
 def _reaper(dsn, deadline, closed, errors):
@@ -195,3 +197,4 @@ def test_concurrent_reapers_and_starters_do_not_deadlock_or_double_close(dsn, db
     assert sum(closed) <= 20  # each crashed run closed once, by a reaper or by its job's next start
     assert value(db, "SELECT sum(leases_lost) FROM ledger.counters") == 20
     assert value(db, "SELECT count(*) FROM ledger.job_execution_log WHERE status = 'running'") == 20
+    assert value(db, "SELECT count(*) FROM ledger.verify_state()") == 0  # every state row is its log's

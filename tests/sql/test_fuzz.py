@@ -70,7 +70,7 @@ FUZZED = sorted([
     "register_job", "pause_job", "resume_job", "due_slots", "start_due_run",
     "purge_log", "purge_log_batch", "purge_log_in_batches", "run_guarded", "next_slots", "preview_slots",
     "unregister_job", "force_release", "request_cancel", "backfill",
-    "configure_events", "purge_events", "sync_alerts",
+    "configure_events", "purge_events", "sync_alerts", "verify_state",
     "protect", "unprotect",
 ])
 

@@ -79,6 +79,7 @@ def test_64_clients_on_one_hot_job_see_only_documented_outcomes_and_the_counters
     assert status["skipped_overlap"] == seen["skipped_overlap"]
     assert status["running_run_id"] is None and status["last_status"] == "success"
     assert status["consecutive_failures"] == 0
+    assert value(db, "SELECT count(*) FROM ledger.verify_state()") == 0  # the state row is the log's
 
 
 def test_a_skip_takes_no_lease_row_lock_and_writes_no_logged_table(connect, db):

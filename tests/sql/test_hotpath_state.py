@@ -92,7 +92,9 @@ def test_the_first_slot_after_the_newest_done_one_is_kept_and_job_status_reads_i
         "SELECT c.next_due, ledger._slot_after(j.schedule_spec, j.time_zone, c.done_slot) FROM ledger.counters c"
         " JOIN ledger.jobs j USING (job) WHERE job = 'hourly'").fetchone()
     assert kept == direct and kept.minute % 7 == 0
+    # The next slot is the kept one, not evaluated by the read: due already (the job is behind) unless the
+    # new schedule's first slot after the done one is still ahead.
     status = db.execute("SELECT s.next_slot, ledger._slot_after(j.schedule_spec, j.time_zone, now())"
                         " FROM ledger.job_status s JOIN ledger.jobs j USING (job) WHERE job = 'hourly'").fetchone()
-    assert status[0] == status[1]
+    assert status[0] == kept and status[0] <= status[1]
     assert_state_is_the_logs(db)

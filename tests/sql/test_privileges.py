@@ -41,7 +41,7 @@ def test_a_client_role_uses_the_api_and_reads_the_tables(db, app_role):
 
 def test_a_client_role_cannot_call_internal_helpers_that_touch_tables(db, app_role):
     db.execute(f"SET ROLE {app_role}")
-    for call in ("ledger._count('nightly', failures => 1)", "ledger._close_run(1, 'superseded', now())",
+    for call in ("ledger._set_state('nightly', 'recomputed')", "ledger._close_run(1, 'superseded', now())",
                  "ledger._newest_done_slot('nightly')", "ledger._lock_lease('nightly', 'o', '1 hour', 1)",
                  "ledger._count_skip('nightly', '1s')", "ledger._already_done('nightly', now(), NULL)"):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -115,11 +115,11 @@ def test_every_public_function_is_security_definer_with_a_fixed_search_path(db):
 
 
 INLINED = ["_advice_min_runs", "_advice_min_ttl", "_alert_sync_idle_limit", "_ddl_lock_wait", "_down_after_slots",
-           "_is_visible_text", "_lock_wait", "_max_backfill", "_max_detail_bytes", "_max_error_length",
+           "_failing_after", "_is_visible_text", "_lock_wait", "_max_backfill", "_max_detail_bytes", "_max_error_length",
            "_max_every", "_max_health_bound", "_max_instant", "_max_older_than", "_max_pause_after_failures",
            "_max_preview_slots", "_max_schedule_length",
            "_max_ttl", "_min_every",
-           "_min_instant", "_missed_horizon", "_popcount"]
+           "_min_instant", "_popcount"]
 
 
 def test_only_the_pure_inlined_bounds_go_without_a_fixed_search_path(db):

@@ -220,6 +220,7 @@ def test_mixed_operator_calls_from_many_threads_answer_only_documented_sqlstates
     assert sum(seen.values()) == 12 * 40
     assert set(seen) - {"ok"} <= DOCUMENTED, seen
     assert value(db, "SELECT count(*) FROM ledger.overlaps") == 0
+    assert value(db, "SELECT count(*) FROM ledger.verify_state()") == 0  # purge, takeovers and reaps beside
 
 
 # 4. an idle transaction after sync_alerts --------------------------------

@@ -44,16 +44,17 @@ def test_job_status_lists_unregistered_jobs_that_hold_leases(db):
     assert status["holder"] == "h" and status["schedule"] is None and status["overdue"] is False
 
 
-def test_a_scheduled_job_whose_slot_is_a_ttl_old_and_not_done_is_overdue_and_alerted(db):
+def test_a_scheduled_job_whose_slots_are_missed_is_overdue_and_alerted_once_by_its_state(db):
     db.execute("SELECT ledger.register_job('nightly', '1 minute', ttl => '1 minute')")
     # registered long ago, never ran since
     db.execute("UPDATE ledger.jobs SET created_at = now() - interval '1 hour'")
     assert value(db, "SELECT overdue FROM ledger.job_status WHERE job = 'nightly'") is True
-    assert value(db, "SELECT count(*) FROM ledger.alerts WHERE alert = 'overdue' AND job = 'nightly'") == 1
-    # a run that crashed (its lease expired) is no progress: still overdue
+    # one alert, its state (overdue is no alert of its own: it is late or down)
+    assert [(r["alert"]) for r in rows(db, "SELECT alert FROM ledger.alerts WHERE job = 'nightly'")] == ["down"]
+    # a run that crashed (its lease expired) is no progress: the crash is the job's state now
     db.execute("SELECT ledger.start_due_run('nightly', 'h', ttl => '10 milliseconds')")
     time.sleep(0.05)
-    assert value(db, "SELECT overdue FROM ledger.job_status WHERE job = 'nightly'") is True
+    assert value(db, "SELECT state FROM ledger.job_status WHERE job = 'nightly'") == "crashed"
     # a live run is progress
     db.execute("SELECT ledger.start_due_run('nightly', 'h2')")
     assert value(db, "SELECT overdue FROM ledger.job_status WHERE job = 'nightly'") is False
@@ -88,7 +89,7 @@ def test_ttl_advice_verdicts(db):
     assert value(db, "SELECT count(*) FROM ledger.alerts WHERE alert = 'ttl_too_short'") == 1
 
 
-def test_alerts_report_consecutive_failures_and_long_runs(db):
+def test_alerts_report_failures_in_a_row_and_long_runs(db):
     for _ in range(3):
         run(db, "flaky", fail="boom")
     done = run(db, "slow")["run_id"]
@@ -99,7 +100,8 @@ def test_alerts_report_consecutive_failures_and_long_runs(db):
     db.execute("UPDATE ledger.job_execution_log SET started_at = now() - interval '10 seconds' "
                "WHERE job = 'slow' AND status = 'running'")
     alerts = {(r["alert"], r["job"]) for r in rows(db, "SELECT * FROM ledger.alerts")}
-    assert ("consecutive_failures", "flaky") in alerts
+    assert ("failing", "flaky") in alerts  # its state; no second alert for the same failures
+    assert not any(alert == "consecutive_failures" for alert, _ in alerts)
     assert ("long_running", "slow") in alerts
     assert not any(alert == "overlap" for alert, _ in alerts)
 

@@ -55,7 +55,8 @@ def ledger(db) -> dict[str, Any]:
     db.execute("SELECT ledger.start_run('lost', 'host-a')")
 
     db.execute("SELECT ledger.register_job('tick', '200 milliseconds', ttl => '1 hour', max_backfill => 1)")
-    db.execute("SELECT ledger.register_job('late', '100 milliseconds', ttl => '100 milliseconds')")
+    db.execute("SELECT ledger.register_job('late', '100 milliseconds', ttl => '100 milliseconds', "
+               "late_after => '100 milliseconds')")
     first = one(db, "SELECT * FROM ledger.start_due_run('tick', 'host-a')")
     assert first is not None
     db.execute("SELECT ledger.complete_run(%s, %s)", (first["run_id"], first["token"]))
@@ -101,7 +102,7 @@ def test_the_exposition_parses_and_carries_the_ledgers_numbers(dsn, ledger):
     assert _at(samples, "jobledger_job_overdue", job="late") == 1
     assert _at(samples, "jobledger_job_overdue", job="etl") == 0
     assert _at(samples, "jobledger_job_overdue", job="tick") == 0
-    assert _at(samples, "jobledger_alerts", alert="overdue") == 1
+    assert _at(samples, "jobledger_alerts", alert="down") == 1  # overdue is its state: down
     assert _at(samples, "jobledger_alerts", alert="overlap") == 0
     assert _at(samples, "jobledger_alerts", alert="too_fast") == 0
     assert _at(samples, "jobledger_duplicates") == 0 and families["jobledger_duplicates"] == "gauge"

@@ -181,10 +181,10 @@ def test_the_run_page_shows_its_row_lease_and_fence_writes(site, ledger_db):
 
 def test_the_alerts_page_lists_live_alerts(site):
     page = get_json(site + "/api/alerts")
-    assert {"alert": "consecutive_failures", "job": XSS_JOB} in \
+    assert {"alert": "failing", "job": XSS_JOB} in \
         [{"alert": row["alert"], "job": row["job"]} for row in page["alerts"]]
     html = get(site + "/alerts")[2]
-    assert "consecutive_failures" in html and f'href="/jobs/{quoted(XSS_JOB)}"' in html
+    assert "failing" in html and f'href="/jobs/{quoted(XSS_JOB)}"' in html
 
 
 def test_unknown_jobs_and_runs_are_404(site):
