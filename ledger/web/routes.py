@@ -38,7 +38,7 @@ from ledger.models import Run
 from ledger.web import charts, display, pages
 from ledger.web.jsonable import jsonable
 from ledger.web.reads import Reader
-from ledger.web.states import LABELS, STATES, State
+from ledger.states import STATES, UNKNOWN, look
 
 P = TypeVar("P")
 
@@ -148,7 +148,7 @@ def _html(request: Request, template: str, page: Any, *, nav: str, json_url: str
     config = settings(request)
     context = {
         "page": page, "nav": nav, "json_url": json_url, "refresh": config.refresh, "root": urls.root,
-        "version": __version__, "states": STATES, "labels": LABELS,
+        "version": __version__, "states": STATES, "look": look,
         "static": urls.static, "job_url": urls.job, "run_url": urls.run, "jobs_url": urls.jobs,
         "clock": display.clock, "stamp": display.stamp, "relative": display.relative,
         "duration": display.duration, "offset": display.offset, "percent": display.percent,
@@ -183,8 +183,7 @@ def _jobs_choices(request: Request) -> dict[str, Any]:
         page = int(request.query_params.get("page", "1"))
     except ValueError:
         raise HTTPException(400, "page must be a number") from None
-    chosen: State | None = state  # checked against STATES above (mypy narrows `in` a dict of Literal keys)
-    return {"name": name, "state": chosen, "page": page}
+    return {"name": name, "state": state, "page": page}
 
 
 def _window(request: Request) -> str:
@@ -259,8 +258,15 @@ def badge(request: Request) -> Response:
     try:
         found = _read(request, lambda cur: pages.badge(cur, name))
     except pages.UnknownJob:
-        return badge_response(name, "unknown job", charts.BADGE_COLOURS["unknown"], 404)
-    return badge_response(name, LABELS[found.state], charts.BADGE_COLOURS[found.state])
+        return badge_response(name, "unknown job", UNKNOWN.colour, 404)
+    return badge_response(name, found.state, look(found.state).colour)
+
+
+def state_styles(request: Request) -> Response:
+    """``/static/states.css``: each state's colour, from the one table of them (ledger.states)."""
+    rules = [f".state-{state} {{ background: {found.colour}; }}" for state, found in STATES.items()]
+    return Response("\n".join(rules) + "\n", media_type="text/css",
+                    headers={"cache-control": "public, max-age=3600"})
 
 
 async def metrics(request: Request) -> Response:
@@ -290,5 +296,6 @@ def routes(static_directory: str) -> list[BaseRoute]:
         Route("/api/alerts", alerts_json),
         Route("/badge/{job:path}", badge),
         Route("/metrics", metrics),
+        Route("/static/states.css", state_styles),
         Mount("/static", StaticFiles(directory=static_directory), name="static"),
     ]
