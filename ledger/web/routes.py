@@ -148,7 +148,7 @@ def _html(request: Request, template: str, page: Any, *, nav: str, json_url: str
     config = settings(request)
     context = {
         "page": page, "nav": nav, "json_url": json_url, "refresh": config.refresh, "root": urls.root,
-        "version": __version__, "states": STATES, "look": look,
+        "version": __version__, "states": STATES,
         "static": urls.static, "job_url": urls.job, "run_url": urls.run, "jobs_url": urls.jobs,
         "clock": display.clock, "stamp": display.stamp, "relative": display.relative,
         "duration": display.duration, "offset": display.offset, "percent": display.percent,
@@ -263,8 +263,11 @@ def badge(request: Request) -> Response:
 
 
 def state_styles(request: Request) -> Response:
-    """``/static/states.css``: each state's colour, from the one table of them (ledger.states)."""
-    rules = [f".state-{state} {{ background: {found.colour}; }}" for state, found in STATES.items()]
+    """``/static/states.css``: each state's colour and symbol, from the one table of them (ledger.states).
+
+    The symbol is the badge's ``::before``: drawn, not part of the text (which is the state's word)."""
+    rules = [f'.state-{state} {{ background: {found.colour}; }}\n.state-{state}::before {{ content: "{found.symbol} "; }}'
+             for state, found in STATES.items()]
     return Response("\n".join(rules) + "\n", media_type="text/css",
                     headers={"cache-control": "public, max-age=3600"})
 
