@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlencode
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -33,7 +33,7 @@ from starlette.types import Scope
 
 from ledger import __version__
 from ledger.metrics import DEFAULT_TIMEOUT as METRICS_TIMEOUT
-from ledger.metrics import LedgerCollector, registry
+from ledger.metrics import LedgerCollector
 from ledger.models import Run
 from ledger.web import charts, display, pages
 from ledger.web.jsonable import jsonable
@@ -280,7 +280,7 @@ async def metrics(request: Request) -> Response:
     timeout = max(config.reader.timeout, METRICS_TIMEOUT)
 
     def read() -> bytes:
-        body: bytes = generate_latest(registry(LedgerCollector(config.reader.connection, timeout=timeout)))
+        body: bytes = LedgerCollector(config.reader.connection, timeout=timeout).text()
         return body
 
     return Response(await config.scrapes.body(read), media_type=CONTENT_TYPE_LATEST,
