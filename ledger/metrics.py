@@ -48,7 +48,7 @@ Metrics (labels in braces):
   more than once (``ledger.duplicates``, over each job's newest 1,000
   successes); both always 0.
 
-Gone in 0.2.0 (docs/monitoring.md): ``jobledger_job_overdue`` (the state
+Gone since 0.1.0 (docs/monitoring.md): ``jobledger_job_overdue`` (the state
 says ``late`` or ``down``), the p50 and p95 quantiles of
 ``jobledger_run_duration_seconds`` and the histogram
 ``jobledger_recent_run_duration_seconds``: they read each job's runs on every
