@@ -24,7 +24,12 @@ it), each read ``--rounds`` times, best and median:
   dashboard's jobs page, ``jobledger status`` and ``jobledger metrics`` do.
 
 The metrics scrape is every statement of one ``ledger.metrics.read_snapshot``
-(ledger/queries.py), in one read-only transaction. Prints a markdown table;
+(ledger/queries.py), in one read-only transaction (``client``), and the whole
+exposition as ``jobledger metrics`` writes it (``exposition``: the snapshot
+read as ledger_reader, every family built and written as text by
+prometheus_client). The dashboard's ``/api/jobs`` and jobs page (``/``) are
+timed over HTTP against ``jobledger web``'s app on a loopback port: every
+job's state read (the filters' counts), a page of 100 drawn. Prints a markdown table;
 BENCHMARKS.md ("One truth per job") has the figures. Nothing here asserts a
 time.
 """
@@ -36,6 +41,7 @@ import os
 import statistics
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -151,28 +157,22 @@ def _rounds(rounds: int, body: Any) -> tuple[float, float]:
     return _best_and_median(samples)
 
 
+#: The statements of one scrape (ledger.metrics.read_snapshot, without the --audit ones).
+SCRAPE = [("state rows", queries.METRIC_JOBS, None), ("alert counts", queries.ALERT_COUNTS, None)]
+
+
 def scrape(conn: psycopg.Connection[Any]) -> None:
     """Every statement of one ledger.metrics.read_snapshot, fetched, in one read-only transaction."""
     with conn.transaction():
         conn.execute("SET TRANSACTION READ ONLY")
-        for statement, params in [
-            (queries.JOB_STATUSES, None), (queries.RUN_STATS, None), (queries.ALERT_COUNTS, None),
-            (queries.RUN_DURATION_BUCKETS, {"bounds": list(metrics.DURATION_BUCKETS), "window": metrics.DURATION_WINDOW}),
-            (queries.DUPLICATE_COUNT, None),
-        ]:
-            conn.execute(statement, params, prepare=False).fetchall()  # type: ignore[arg-type]
+        for _, statement, params in SCRAPE:
+            conn.execute(statement, params, prepare=False).fetchall()
 
 
 def scrape_parts(conn: psycopg.Connection[Any], rounds: int, jobs: int) -> dict[str, float]:
     """The server's time for each statement of a scrape (best of the rounds, us per job)."""
     out = {}
-    for name, statement, params in [
-        ("job_status", queries.JOB_STATUSES, None), ("run_stats", queries.RUN_STATS, None),
-        ("alert counts", queries.ALERT_COUNTS, None),
-        ("duration buckets", queries.RUN_DURATION_BUCKETS,
-         {"bounds": list(metrics.DURATION_BUCKETS), "window": metrics.DURATION_WINDOW}),
-        ("duplicate count", queries.DUPLICATE_COUNT, None),
-    ]:
+    for name, statement, params in SCRAPE:
         wrapped = f"SELECT sum(hashtext(t::text)) FROM ({statement}) AS t"
         best, _ = _rounds(rounds, lambda: conn.execute(wrapped, params, prepare=False).fetchall())  # type: ignore[arg-type]
         out[name] = round(best * 1e6 / jobs, 2)
@@ -191,6 +191,21 @@ def measure(dsn: str, jobs: int, rounds: int) -> dict[str, Any]:
             out[name] = {"server": server, "client": client}
         out["metrics scrape"] = {"client": _rounds(rounds, lambda: scrape(conn))}
         out["scrape parts"] = scrape_parts(conn, rounds, jobs)
+    out["exposition"] = _rounds(rounds, lambda: metrics.exposition(lambda: psycopg.connect(dsn, autocommit=True)))
+    out.update(web(dsn, rounds))
+    return out
+
+
+def web(dsn: str, rounds: int) -> dict[str, tuple[float, float]]:
+    """The dashboard's /api/jobs and jobs page, over HTTP (one warm-up read first: the pool opens)."""
+    from ledger.web.app import create_app
+    from ledger.web.server import BackgroundServer
+
+    out = {}
+    with BackgroundServer(create_app(dsn)) as server:
+        for name, path in (("/api/jobs", "/api/jobs"), ("jobs page", "/")):
+            urllib.request.urlopen(server.url + path, timeout=600).read()
+            out[name] = _rounds(rounds, lambda: urllib.request.urlopen(server.url + path, timeout=600).read())
     return out
 
 
@@ -223,7 +238,11 @@ def main() -> int:
             print(f"| `{name}` ({side}) | " + " | ".join(cells) + " |")
     cells = [f"{us(r['metrics scrape']['client'][0], r['jobs'])} / {us(r['metrics scrape']['client'][1], r['jobs'])}"
              for r in results]
-    print("| metrics scrape (client, all five statements) | " + " | ".join(cells) + " |")
+    print("| metrics scrape (client, its two statements) | " + " | ".join(cells) + " |")
+    for name in ("exposition", "/api/jobs", "jobs page"):
+        cells = [f"{us(r[name][0], r['jobs'])} / {us(r[name][1], r['jobs'])}" for r in results]
+        label = {"exposition": "metrics exposition (`jobledger metrics`, whole text)"}.get(name, f"`{name}` (HTTP)")
+        print(f"| {label} | " + " | ".join(cells) + " |")
     print("\n| scrape statement (server, us per job, best) | " + " | ".join(f"{r['jobs']:,} jobs" for r in results)
           + " |")
     print("|---|" + "---:|" * len(results))

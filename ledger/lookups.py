@@ -47,3 +47,8 @@ def overlaps(conn: psycopg.Connection[Any], jobs: list[str] | None = None) -> li
 def protected_tables(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
     """Every row of ``ledger.protected_tables`` (table, job, resource, mode, enabled), by job."""
     return _rows(conn, queries.PROTECTED_TABLES, {})
+
+
+def verify_state(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    """The jobs whose stored state differs from the log's (``ledger.verify_state``; reads the whole log)."""
+    return _rows(conn, queries.VERIFY_STATE, {})

@@ -3,16 +3,24 @@
 A custom collector (no state in the process: the counters live in the
 database, so any number of exporters agree and a restart loses nothing). Each
 scrape opens a connection (or takes one from a pool: the dashboard's), reads
-``ledger.job_status``, ``ledger.run_stats`` and ``ledger.alerts`` in one
-read-only transaction as ``ledger_reader`` (see
-:func:`ledger.readonly.read_only_transaction`), and closes it (or gives it back).
+each job's state row (``ledger._job_state``, what ``ledger.job_status`` and
+``ledger.job_health`` show) and the alerts grouped by kind, in one read-only
+transaction as ``ledger_reader`` (see
+:func:`ledger.readonly.read_only_transaction`), and closes it (or gives it
+back). Nothing it reads per job grows with the log: a scrape costs
+microseconds per job.
 
 Metrics (labels in braces):
 
 - ``jobledger_up``: 1 when the scrape read the ledger, 0 when it failed.
+- ``jobledger_job_state{job,state}``: 1, for the job's one state (the
+  ledger's word: crashed, overrun, paused, running, down, late, failing,
+  never_run, ok; docs/contract.md). One series per job: when its state
+  changes, the old series ends.
 - ``jobledger_runs_started_total{job}``: runs started (counter).
 - ``jobledger_runs_total{job,status}``: runs ended, status ``success`` or ``failure`` (counter).
-- ``jobledger_runs_running{job}``: 1 while a run of the job is running.
+- ``jobledger_runs_running{job}``: 1 while a run of the job is live (a run
+  whose lease is gone is ``crashed``, not running).
 - ``jobledger_skipped_total{job,reason}``: skips, reason ``overlap`` (a start
   that found another owner's live lease: ``job_status.skipped_overlap``) or
   ``backfill_limit`` (slots the catch-up bound dropped, the reason
@@ -20,217 +28,216 @@ Metrics (labels in braces):
   (counter).
 - ``jobledger_leases_lost_total{job}``: runs closed because their lease
   expired or was superseded (counter).
-- ``jobledger_run_duration_seconds{job,quantile}``: p50 (``0.5``), p95
-  (``0.95``) and max (``1``) duration of the successful runs in the log.
-- ``jobledger_recent_run_duration_seconds{job,le}``: a histogram of the
-  durations of the successful runs that started in the last
-  :data:`DURATION_WINDOW` (24 hours), buckets :data:`DURATION_BUCKETS`. A
-  window, not a running total: buckets go down as runs leave it, so take
-  ``histogram_quantile`` of the buckets themselves, not of their ``rate()``.
-  (Not named ``jobledger_run_duration_seconds``: the quantile gauges above
-  have that name, and a histogram beside them under it would make the
-  exposition invalid: ``promtool check metrics`` refuses it.)
-- ``jobledger_run_failure_ratio{job}``: failures / ended runs in the log.
-- ``jobledger_job_overdue{job}``: 1 when a slot is more than one ttl old and
-  has not succeeded, with no live run on it.
-- ``jobledger_consecutive_failures{job}``: failures since the last success.
+- ``jobledger_run_duration_seconds{job,quantile="1"}``: the longest
+  successful run (the job's state keeps it: purge does not lower it).
+- ``jobledger_last_success_duration_seconds{job}``: how long the newest
+  success took (``quantile_over_time`` over it gives percentiles).
+- ``jobledger_run_failure_ratio{job}``: failures / ended runs, counted
+  since the job's first run.
+- ``jobledger_consecutive_failures{job}``: failures in a row since the last
+  success (a cancel is none); the job is ``failing`` from the ledger's
+  threshold on.
 - ``jobledger_job_ttl_seconds{job}``: the job's lease ttl (none without one),
-  and ``jobledger_run_running_seconds{job}``: how long its running run has
-  run (none without one): the alert rules compare them (a run past its ttl).
+  and ``jobledger_run_running_seconds{job}``: how long its live run has run
+  (none without one): the alert rules compare them (a run past its ttl).
 - ``jobledger_alerts{alert}``: live rows of ``ledger.alerts`` per kind.
-- ``jobledger_duplicates``: slots and idempotency keys that succeeded more
-  than once (``ledger.duplicates``, over each job's newest 1,000 successes);
-  always 0.
+- With ``audit`` (``jobledger metrics --audit``), the two audits, which read
+  the log rather than the state rows: ``jobledger_state_differences``, the
+  jobs whose stored state differs from the log's (``ledger.verify_state``),
+  and ``jobledger_duplicates``, slots and idempotency keys that succeeded
+  more than once (``ledger.duplicates``, over each job's newest 1,000
+  successes); both always 0.
+
+Gone since 0.1.0 (docs/monitoring.md): ``jobledger_job_overdue`` (the state
+says ``late`` or ``down``), the p50 and p95 quantiles of
+``jobledger_run_duration_seconds`` and the histogram
+``jobledger_recent_run_duration_seconds``: they read each job's runs on every
+scrape.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
-from wsgiref.simple_server import WSGIServer
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import psycopg
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ledger import queries
-from ledger.models import JobStatus
 from ledger.readonly import read_only_transaction
 
 __all__ = [
     "ALERT_KINDS",
-    "DURATION_BUCKETS",
-    "DURATION_HISTOGRAM",
-    "DURATION_WINDOW",
-    "DurationBuckets",
+    "JobRow",
     "LedgerCollector",
     "MetricsServer",
     "Snapshot",
     "exposition",
+    "families",
     "read_snapshot",
     "registry",
+    "samples",
     "serve",
+    "text",
 ]
 
 DEFAULT_TIMEOUT = timedelta(seconds=10)
-ALERT_KINDS = ("long_running", "late", "down", "overrun", "failing", "paused", "too_fast", "overdue",
-               "consecutive_failures", "overlap", "ttl_too_short")
-QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("1", "max"))
-#: The run duration histogram: its name, its buckets' upper bounds in seconds (``le``; +Inf
-#: besides), and the window of runs it counts (successes started within it).
-DURATION_HISTOGRAM = "jobledger_recent_run_duration_seconds"
-DURATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 1800.0, 3600.0, 10800.0)
-DURATION_WINDOW = timedelta(hours=24)
+UP_HELP = "1 when the scrape read the ledger, 0 when it failed"
+#: The kinds of ``ledger.alerts`` (each written, 0 when none is live): the states that are trouble,
+#: and the problems that are no state.
+ALERT_KINDS = ("crashed", "overrun", "paused", "down", "late", "failing", "long_running", "too_fast", "overlap",
+               "ttl_too_short")
 
 
 @dataclass(frozen=True)
-class StatsRow:
-    """A row of ``queries.RUN_STATS``: ``ledger.run_stats`` in seconds."""
+class JobRow:
+    """A row of ``queries.METRIC_JOBS``: a job's state row, durations in seconds."""
 
     job: str
-    failure_rate: float | None
-    p50: float | None
-    p95: float | None
-    max: float | None
-
-
-@dataclass(frozen=True)
-class DurationBuckets:
-    """A job's histogram: ``counts[i]`` runs took at most ``DURATION_BUCKETS[i]`` (cumulative)."""
-
-    job: str
-    counts: list[int]
-    runs: int
-    seconds: float
-
-
-def duration_buckets(rows: Iterable[tuple[str, int, int, float]]) -> list[DurationBuckets]:
-    """The rows of ``queries.RUN_DURATION_BUCKETS`` (job, bucket, runs, seconds) as cumulative histograms."""
-    per_job: dict[str, list[tuple[int, int, float]]] = {}
-    for job, bucket, runs, seconds in rows:
-        per_job.setdefault(job, []).append((int(bucket), int(runs), float(seconds)))
-    result = []
-    for job, buckets in per_job.items():
-        counts = [0] * len(DURATION_BUCKETS)
-        for bucket, runs, _ in buckets:
-            for index in range(bucket, len(DURATION_BUCKETS)):  # bucket len(...) is +Inf only
-                counts[index] += runs
-        result.append(DurationBuckets(job, counts, sum(runs for _, runs, _ in buckets),
-                                      sum(seconds for _, _, seconds in buckets)))
-    return result
+    state: str
+    consecutive_failures: int
+    runs_started: int
+    successes: int
+    failures: int
+    skipped_overlap: int
+    skipped_backfill: int
+    leases_lost: int
+    running: bool
+    ttl_seconds: float | None
+    running_seconds: float | None
+    longest_success_seconds: float | None
+    last_success_seconds: float | None
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What one scrape read, in one transaction (so the numbers agree with each other)."""
+    """What one scrape read, in one transaction (so the numbers agree with each other).
 
-    jobs: list[JobStatus] = field(default_factory=list)
-    stats: list[StatsRow] = field(default_factory=list)
+    ``state_differences`` and ``duplicates`` are None unless the scrape audited."""
+
+    jobs: list[JobRow] = field(default_factory=list)
     alerts: dict[str, int] = field(default_factory=dict)
-    durations: list[DurationBuckets] = field(default_factory=list)
-    duplicates: int = 0
+    state_differences: int | None = None
+    duplicates: int | None = None
 
 
-def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TIMEOUT) -> Snapshot:
-    """Read the views once, read-only, as ledger_reader, each statement under ``timeout``.
+def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TIMEOUT, *,
+                  audit: bool = False) -> Snapshot:
+    """Read the views once, read-only, as ledger_reader, each statement under ``timeout``;
+    with ``audit``, the two audits too (they read the log: seconds over a large one).
 
     Nothing is prepared (``prepare=False``), whatever the connection's
     ``prepare_threshold``: a scrape works behind a transaction pooler.
     """
+    differences = duplicates = None
     with read_only_transaction(conn, timeout) as cur:
-        jobs = [JobStatus(**row) for row in _as_dicts(cur.execute(queries.JOB_STATUSES, prepare=False))]
-        stats = [StatsRow(**row) for row in _as_dicts(cur.execute(queries.RUN_STATS, prepare=False))]
+        jobs = [JobRow(*row) for row in cur.execute(queries.METRIC_JOBS, prepare=False).fetchall()]
         alerts = {str(r[0]): int(r[1]) for r in cur.execute(queries.ALERT_COUNTS, prepare=False).fetchall()}
-        durations = duration_buckets(cur.execute(queries.RUN_DURATION_BUCKETS, {
-            "bounds": list(DURATION_BUCKETS), "window": DURATION_WINDOW}, prepare=False).fetchall())
-        row = cur.execute(queries.DUPLICATE_COUNT, prepare=False).fetchone()
-        duplicates = int(row[0]) if row else 0
-    return Snapshot(jobs, stats, alerts, durations, duplicates)
+        if audit:
+            differences = _count(cur.execute(queries.STATE_DIFFERENCES, prepare=False).fetchone())
+            duplicates = _count(cur.execute(queries.DUPLICATE_COUNT, prepare=False).fetchone())
+    return Snapshot(jobs, alerts, differences, duplicates)
 
 
-def _as_dicts(cur: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
-    names = [column.name for column in cur.description or []]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+def _count(row: tuple[Any, ...] | None) -> int:
+    return int(row[0]) if row else 0
 
 
-def _le(bound: float) -> str:
-    """A bucket's ``le`` as prometheus_client's own histograms write it (``1.0``, ``+Inf``)."""
-    written: str = floatToGoString(bound)  # type: ignore[no-untyped-call]
-    return written
+#: A family of samples: name, type, help, label names, samples (label values, value). The one
+#: definition of what a scrape exposes: :func:`families` makes prometheus_client's objects of it
+#: (for a registry of one's own), :func:`text` writes it as the text exposition directly (a
+#: scrape of 100,000 jobs is 1.3 million lines: prometheus_client's writer takes 60 us a job).
+Family = tuple[str, str, str, tuple[str, ...], list[tuple[tuple[str, ...], float]]]
+
+
+def samples(snapshot: Snapshot) -> list[Family]:
+    """The metric families of one snapshot (without ``jobledger_up``), as plain tuples."""
+    jobs = snapshot.jobs
+    by_job: list[Family] = [
+        ("jobledger_job_state", "gauge", "1 for the job's state, the ledger's word (ledger.job_health.state)",
+         ("job", "state"), [((j.job, j.state), 1) for j in jobs]),
+        ("jobledger_runs_started", "counter", "Runs started", ("job",), [((j.job,), j.runs_started) for j in jobs]),
+        ("jobledger_runs", "counter", "Runs ended, by status (success, failure)", ("job", "status"),
+         [sample for j in jobs for sample in (((j.job, "success"), j.successes), ((j.job, "failure"), j.failures))]),
+        ("jobledger_runs_running", "gauge", "1 while a run of the job is live", ("job",),
+         [((j.job,), 1 if j.running else 0) for j in jobs]),
+        ("jobledger_skipped", "counter", "Skips: starts that met another owner's lease (overlap), "
+         "slots dropped by the catch-up bound (backfill_limit)", ("job", "reason"),
+         [sample for j in jobs for sample in (((j.job, "overlap"), j.skipped_overlap),
+                                               ((j.job, "backfill_limit"), j.skipped_backfill))]),
+        ("jobledger_leases_lost", "counter", "Runs closed because their lease expired or was superseded", ("job",),
+         [((j.job,), j.leases_lost) for j in jobs]),
+        ("jobledger_run_duration_seconds", "gauge", "The longest successful run (quantile 1)", ("job", "quantile"),
+         [((j.job, "1"), j.longest_success_seconds) for j in jobs if j.longest_success_seconds is not None]),
+        ("jobledger_last_success_duration_seconds", "gauge", "How long the newest success took", ("job",),
+         [((j.job,), j.last_success_seconds) for j in jobs if j.last_success_seconds is not None]),
+        ("jobledger_run_failure_ratio", "gauge", "Failures / ended runs", ("job",),
+         [((j.job,), j.failures / (j.successes + j.failures)) for j in jobs if j.successes + j.failures]),
+        ("jobledger_consecutive_failures", "gauge", "Failures in a row since the last success", ("job",),
+         [((j.job,), j.consecutive_failures) for j in jobs]),
+        ("jobledger_job_ttl_seconds", "gauge", "The job's lease ttl", ("job",),
+         [((j.job,), j.ttl_seconds) for j in jobs if j.ttl_seconds is not None]),
+        ("jobledger_run_running_seconds", "gauge", "How long the job's live run has run", ("job",),
+         [((j.job,), j.running_seconds) for j in jobs if j.running_seconds is not None]),
+        ("jobledger_alerts", "gauge", "Live rows of ledger.alerts, by kind", ("alert",),
+         [((kind,), snapshot.alerts.get(kind, 0)) for kind in sorted(set(ALERT_KINDS) | set(snapshot.alerts))]),
+    ]
+    if snapshot.state_differences is not None:
+        by_job.append(("jobledger_state_differences", "gauge", "Jobs whose stored state differs from the log's "
+                       "(ledger.verify_state; always 0 when the ledger holds)", (),
+                       [((), snapshot.state_differences)]))
+    if snapshot.duplicates is not None:
+        by_job.append(("jobledger_duplicates", "gauge", "Slots and idempotency keys that succeeded twice, over each "
+                       "job's newest 1,000 successes (ledger.duplicates; always 0 when the ledger holds)", (),
+                       [((), snapshot.duplicates)]))
+    return by_job
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:
-    """The metric families of one snapshot (without ``jobledger_up``)."""
-    started = CounterMetricFamily("jobledger_runs_started", "Runs started", labels=["job"])
-    ended = CounterMetricFamily("jobledger_runs", "Runs ended, by status (success, failure)",
-                                labels=["job", "status"])
-    running = GaugeMetricFamily("jobledger_runs_running", "1 while a run of the job is running",
-                                labels=["job"])
-    skipped = CounterMetricFamily(
-        "jobledger_skipped", "Skips: starts that met another owner's lease (overlap), "
-        "slots dropped by the catch-up bound (backfill_limit)", labels=["job", "reason"])
-    lost = CounterMetricFamily("jobledger_leases_lost", "Runs closed because their lease expired "
-                               "or was superseded", labels=["job"])
-    overdue = GaugeMetricFamily("jobledger_job_overdue", "1 when a slot is more than one ttl old "
-                                "and has not succeeded, with no live run on it", labels=["job"])
-    failing = GaugeMetricFamily("jobledger_consecutive_failures", "Failures since the last success",
-                                labels=["job"])
-    ttl = GaugeMetricFamily("jobledger_job_ttl_seconds", "The job's lease ttl", labels=["job"])
-    running_for = GaugeMetricFamily("jobledger_run_running_seconds", "How long the job's running run has run",
-                                    labels=["job"])
-    for job in snapshot.jobs:
-        started.add_metric([job.job], job.runs_started)
-        ended.add_metric([job.job, "success"], job.successes)
-        ended.add_metric([job.job, "failure"], job.failures)
-        running.add_metric([job.job], 1 if job.running_run_id is not None else 0)
-        skipped.add_metric([job.job, "overlap"], job.skipped_overlap)
-        skipped.add_metric([job.job, "backfill_limit"], job.skipped_backfill)
-        lost.add_metric([job.job], job.leases_lost)
-        overdue.add_metric([job.job], 1 if job.overdue else 0)
-        failing.add_metric([job.job], job.consecutive_failures)
-        if job.ttl is not None:
-            ttl.add_metric([job.job], job.ttl.total_seconds())
-        if job.running_for is not None:
-            running_for.add_metric([job.job], job.running_for.total_seconds())
+    """The metric families of one snapshot (without ``jobledger_up``), as prometheus_client's objects."""
+    for name, kind, documentation, labels, found in samples(snapshot):
+        family: Metric
+        if kind == "counter":
+            family = CounterMetricFamily(name, documentation, labels=list(labels))
+        else:
+            family = GaugeMetricFamily(name, documentation, labels=list(labels))
+        for values, value in found:
+            family.add_metric(list(values), value)
+        yield family
 
-    duration = GaugeMetricFamily(
-        "jobledger_run_duration_seconds", "Duration of the successful runs in the log: "
-        "p50 (quantile 0.5), p95 (0.95) and max (1)", labels=["job", "quantile"])
-    failure_ratio = GaugeMetricFamily("jobledger_run_failure_ratio", "Failures / ended runs in the log",
-                                      labels=["job"])
-    for row in snapshot.stats:
-        for quantile, attribute in QUANTILES:
-            value = getattr(row, attribute)
-            if value is not None:
-                duration.add_metric([row.job, quantile], value)
-        if row.failure_rate is not None:
-            failure_ratio.add_metric([row.job], row.failure_rate)
 
-    alerts = GaugeMetricFamily("jobledger_alerts", "Live rows of ledger.alerts, by kind", labels=["alert"])
-    for kind in sorted(set(ALERT_KINDS) | set(snapshot.alerts)):
-        alerts.add_metric([kind], snapshot.alerts.get(kind, 0))
+def _escape(value: str) -> str:
+    """A label value as the text format writes it (backslash, double quote and line feed escaped)."""
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
 
-    duplicates = GaugeMetricFamily(
-        "jobledger_duplicates", "Slots and idempotency keys that succeeded twice, over each job's newest "
-        "1,000 successes (ledger.duplicates; always 0 when the ledger holds)")
-    duplicates.add_metric([], snapshot.duplicates)
 
-    histogram = HistogramMetricFamily(
-        DURATION_HISTOGRAM, f"Durations of the successful runs started in the last "
-        f"{int(DURATION_WINDOW.total_seconds() // 3600)} hours (a window: buckets go down as runs leave it)",
-        labels=["job"])
-    for job_buckets in snapshot.durations:
-        buckets = [(_le(bound), count) for bound, count in zip(DURATION_BUCKETS, job_buckets.counts)]
-        histogram.add_metric([job_buckets.job], [*buckets, ("+Inf", job_buckets.runs)],
-                             sum_value=job_buckets.seconds)
-
-    yield from (started, ended, running, skipped, lost, duration, histogram, failure_ratio, overdue, failing,
-                ttl, running_for, alerts, duplicates)
+def text(found: list[Family]) -> bytes:
+    """The families in the Prometheus text exposition format (0.0.4), as prometheus_client writes it
+    (a counter's samples are ``NAME_total``; values as Python writes a float, which Prometheus reads)."""
+    out: list[str] = []
+    for name, kind, documentation, labels, values in found:
+        sample = f"{name}_total" if kind == "counter" else name
+        out.append(f"# HELP {sample} {documentation.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + 'n')}\n"
+                   f"# TYPE {sample} {kind}\n")
+        if len(labels) == 1:
+            label = labels[0]
+            out.extend(f'{sample}{{{label}="{_escape(v[0])}"}} {float(value)!r}\n' for v, value in values)
+        elif labels:
+            out.extend(sample + "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in zip(labels, names)) + "} "
+                       + repr(float(value)) + "\n" for names, value in values)
+        else:
+            out.extend(f"{sample} {float(value)!r}\n" for _, value in values)
+    return "".join(out).encode()
 
 
 class LedgerCollector:
@@ -241,13 +248,15 @@ class LedgerCollector:
     context manager of one (e.g. a pool's ``connection``: given back after the
     scrape, as the dashboard's ``/metrics`` does). When the read
     fails, the scrape still answers, with ``jobledger_up 0``, and ``on_error``
-    hears why; with ``raise_errors`` the error propagates instead (one-shot use).
+    hears why; with ``raise_errors`` the error propagates instead (one-shot use). With
+    ``audit``, every scrape runs the audits too (:func:`read_snapshot`).
     """
 
     def __init__(self, connect: Callable[[], AbstractContextManager[psycopg.Connection[Any]]], *,
                  timeout: timedelta = DEFAULT_TIMEOUT, raise_errors: bool = False,
-                 on_error: Callable[[Exception], None] | None = None) -> None:
+                 on_error: Callable[[Exception], None] | None = None, audit: bool = False) -> None:
         self._connect = connect
+        self._audit = audit
         self._timeout = timeout
         self._raise_errors = raise_errors
         self._on_error = on_error
@@ -255,20 +264,30 @@ class LedgerCollector:
     def describe(self) -> Iterable[Metric]:
         return []  # no read at registration time: the database may not be up yet
 
-    def collect(self) -> Iterable[Metric]:
-        up = GaugeMetricFamily("jobledger_up", "1 when the scrape read the ledger, 0 when it failed")
+    def _read(self) -> Snapshot | None:
+        """One snapshot, or None when the read failed (``on_error`` heard why)."""
         try:
             with self._connect() as conn:
-                snapshot = read_snapshot(conn, self._timeout)
+                return read_snapshot(conn, self._timeout, audit=self._audit)
         except psycopg.Error as error:
             if self._raise_errors:
                 raise
             if self._on_error is not None:
                 self._on_error(error)
-            up.add_metric([], 0)
-            return [up]
-        up.add_metric([], 1)
-        return [up, *families(snapshot)]
+            return None
+
+    def collect(self) -> Iterable[Metric]:
+        snapshot = self._read()
+        up = GaugeMetricFamily("jobledger_up", UP_HELP)
+        up.add_metric([], 0 if snapshot is None else 1)
+        return [up] if snapshot is None else [up, *families(snapshot)]
+
+    def text(self) -> bytes:
+        """One scrape as the text exposition, the same families as :meth:`collect` (written
+        directly: what ``jobledger metrics`` and the dashboard's ``/metrics`` answer)."""
+        snapshot = self._read()
+        up: Family = ("jobledger_up", "gauge", UP_HELP, (), [((), 0 if snapshot is None else 1)])
+        return text([up] if snapshot is None else [up, *samples(snapshot)])
 
 
 def registry(collector: LedgerCollector) -> CollectorRegistry:
@@ -279,10 +298,9 @@ def registry(collector: LedgerCollector) -> CollectorRegistry:
 
 
 def exposition(connect: Callable[[], psycopg.Connection[Any]],
-               timeout: timedelta = DEFAULT_TIMEOUT) -> str:
+               timeout: timedelta = DEFAULT_TIMEOUT, *, audit: bool = False) -> str:
     """One scrape, as Prometheus text exposition; database errors propagate."""
-    collector = LedgerCollector(connect, timeout=timeout, raise_errors=True)
-    return generate_latest(registry(collector)).decode()
+    return LedgerCollector(connect, timeout=timeout, raise_errors=True, audit=audit).text().decode()
 
 
 @dataclass
@@ -311,7 +329,27 @@ class MetricsServer:
         self.thread.join(timeout=5)
 
 
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No line per scrape on stderr."""
+
+
 def serve(collector: LedgerCollector, port: int, host: str = "127.0.0.1") -> MetricsServer:
-    """Serve ``/metrics`` on host:port in a background thread (port 0: any free port)."""
-    server, thread = start_http_server(port, addr=host, registry=registry(collector))
+    """Serve the metrics on host:port (any path, as prometheus_client's server does) in a
+    background thread (port 0: any free port)."""
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        body = collector.text()
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))])
+        return [body] if environ.get("REQUEST_METHOD") != "HEAD" else []
+
+    server_class: type[_Server] = _Server
+    if ":" in host:  # an IPv6 address
+        server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+    server = make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="jobledger-metrics", daemon=True)
+    thread.start()
     return MetricsServer(server, thread)

@@ -273,6 +273,10 @@ UNLISTEN_EVENTS = "UNLISTEN ledger_events"
 
 # -- the views the command line and the demo read (ledger.lookups) -----------
 
+# `jobledger verify-state`: the jobs whose stored state differs from the log's (ledger.verify_state;
+# it reads the whole log).
+VERIFY_STATE = "SELECT d.job, d.state, d.differences FROM ledger.verify_state() AS d ORDER BY d.job"
+
 ALERTS = """
 SELECT a.alert, a.job, a.run_id, a.message, a.since
   FROM ledger.alerts AS a
@@ -313,22 +317,31 @@ SELECT o.job, o.run_id, o.other_run_id, o.started_at, o.other_started_at
  ORDER BY o.job, o.run_id
 """
 
-# -- one metrics scrape (ledger.metrics), besides JOB_STATUSES --------------
-
-RUN_STATS = """
-SELECT r.job, r.failure_rate::float8 AS failure_rate,
-       extract(epoch FROM r.p50_duration)::float8 AS p50,
-       extract(epoch FROM r.p95_duration)::float8 AS p95,
-       extract(epoch FROM r.max_duration)::float8 AS max
-  FROM ledger.run_stats AS r
- ORDER BY r.job
+# -- one metrics scrape (ledger.metrics) --------------------------------------
+# A scrape reads each job's state row once (ledger._job_state, the view
+# job_status and job_health select from: counters, jobs and leases, one row of
+# each per job, never the log) and the alerts (the same rows again, grouped),
+# so that it costs microseconds per job however long the log is. `running`
+# is a live run (not a crashed one: that is its state).
+METRIC_JOBS = """
+SELECT s.job, s.state, s.consecutive_failures, s.runs_started, s.successes, s.failures, s.skipped_overlap,
+       s.skipped_backfill, s.leases_lost, s.live AS running,
+       extract(epoch FROM s.ttl)::float8 AS ttl_seconds,
+       CASE WHEN s.live THEN extract(epoch FROM s.running_for)::float8 END AS running_seconds,
+       extract(epoch FROM s.longest_success)::float8 AS longest_success_seconds,
+       extract(epoch FROM s.last_success_at - s.last_success_started_at)::float8 AS last_success_seconds
+  FROM ledger._job_state AS s
+ ORDER BY s.job
 """
 
 ALERT_COUNTS = "SELECT a.alert, count(*) FROM ledger.alerts AS a GROUP BY a.alert"
 
-# The duplicate audit (ledger.duplicates) over each job's newest 1,000 successes, so that a scrape
-# does not grow with the log's length (the view audits the whole log): slots and keys that
-# succeeded twice.
+# The audits, read only when asked (`jobledger metrics --audit`): they read the log, not the
+# state rows. The state audit: the jobs whose stored state differs from the log's (always 0).
+STATE_DIFFERENCES = "SELECT count(*) FROM ledger.verify_state() AS d"
+
+# The duplicate audit (ledger.duplicates) over each job's newest 1,000 successes (the view audits
+# the whole log): slots and keys that succeeded twice (always 0 while the unique indexes hold).
 DUPLICATE_COUNT = """
 WITH recent AS (
     SELECT w.job, w.slot, w.idempotency_key
@@ -414,6 +427,13 @@ SELECT {JOB_STATUS_COLUMNS}
   FROM ledger.job_status AS js
  WHERE %(name)s::text IS NULL OR strpos(lower(js.job), lower(%(name)s::text)) > 0
  ORDER BY js.job
+"""
+
+# The job page's state, since when and why (one job's row of the state view).
+WEB_JOB_HEALTH = """
+SELECT h.state, h.since, h.reason
+  FROM ledger.job_health AS h
+ WHERE h.job = %(job)s
 """
 
 # The sparklines: the newest `per_job` runs of each of these jobs (an index scan each).
@@ -538,27 +558,6 @@ SELECT f.resource, f.token, f.advanced_at
  WHERE f.job = %(job)s AND f.token = %(token)s
  ORDER BY f.resource
  LIMIT 100
-"""
-
-# The histogram of run durations (ledger.metrics): per job, the successful
-# runs that started within the window, counted per bucket. `bucket` is the
-# number of bounds below the duration, so a duration counts in every bucket
-# whose bound it does not exceed (Prometheus' `le`); width_bucket counts the
-# bounds at or below its operand, hence the negated, ascending bounds.
-RUN_DURATION_BUCKETS = """
-SELECT h.job, h.bucket, count(*) AS runs, sum(h.seconds)::float8 AS seconds
-  FROM (SELECT l.job, r.seconds,
-               cardinality(%(bounds)s::float8[])
-               - width_bucket(-r.seconds, ARRAY(SELECT -b FROM unnest(%(bounds)s::float8[]) AS b ORDER BY 1))
-                   AS bucket
-          FROM ledger.leases AS l
-         CROSS JOIN LATERAL (
-               SELECT extract(epoch FROM r.completed_at - r.started_at)::float8 AS seconds
-                 FROM ledger.job_execution_log AS r
-                WHERE r.job = l.job AND r.status = 'success'
-                  AND r.started_at >= now() - %(window)s::interval) AS r) AS h
- GROUP BY h.job, h.bucket
- ORDER BY h.job, h.bucket
 """
 
 # -- jobledger verify (ledger.verify) -------------------------------------------

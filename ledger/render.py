@@ -30,6 +30,7 @@ from rich.text import Text
 
 from ledger.durations import format_duration
 from ledger.models import EVENT_KINDS, Event, JobStatus
+from ledger.states import look
 from ledger.text import first_line, visible
 
 STATUS_STYLES = {"success": "green", "failure": "red", "running": "cyan"}
@@ -155,18 +156,20 @@ def _count(value: int | None) -> int:
     return value or 0
 
 
+def state_text(state: str | None) -> Text:
+    """The ledger's state word with its symbol, in its style (:mod:`ledger.states`)."""
+    if state is None:
+        return Text("-", style="dim")
+    found = look(state)
+    return Text(f"{found.symbol} {state}", style=found.terminal)
+
+
 def _state(row: JobStatus) -> Text:
-    if row.paused:
-        state = Text("paused", style="yellow")
-    elif row.running_run_id is not None:
-        running_for = f" {format_duration(row.running_for)}" if row.running_for is not None else ""
-        state = Text(f"running{running_for}", style="cyan")
-    elif row.holder is not None:
-        state = Text("held", style="cyan")  # a lease without a run: ledger.acquire
-    elif row.overdue:
-        state = Text("overdue", style="red")
-    else:
-        state = Text("idle", style="dim")
+    """The job's state as the ledger says it (``job_status.state``), how long its run has run,
+    and who holds its lease."""
+    state = state_text(row.state)
+    if row.running_run_id is not None and row.running_for is not None:
+        state.append(f" {format_duration(row.running_for)}", style=look(row.state).terminal)
     if row.holder is not None:
         token = f" ({row.token})" if row.token is not None else ""
         state.append("\n" + visible(f"{row.holder}{token}"), style="dim")

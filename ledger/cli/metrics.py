@@ -26,16 +26,21 @@ from ledger.text import first_line
               help="Address to bind with --serve  [default: 127.0.0.1; 0.0.0.0 for every interface]")
 @click.option("--timeout", type=DURATION, default="10s", show_default=True,
               help="statement_timeout of each query of a scrape.")
+@click.option("--audit", is_flag=True,
+              help="Also the audits, which read the whole log (seconds on a large one): "
+                   "jobledger_state_differences (ledger.verify_state) and jobledger_duplicates.")
 @dsn_option
-def metrics(port: int | None, host: str | None, timeout: timedelta, dsn: str) -> None:
-    """Prometheus metrics of the ledger, read from its views (text exposition format).
+def metrics(port: int | None, host: str | None, timeout: timedelta, audit: bool, dsn: str) -> None:
+    """Prometheus metrics of the ledger, read from each job's state row (text exposition format).
 
     Once on stdout, or on every scrape with --serve (stop with SIGTERM or Ctrl-C).
-    Metrics: jobledger_up, jobledger_runs_started_total, jobledger_runs_total{status},
-    jobledger_runs_running, jobledger_skipped_total{reason}, jobledger_leases_lost_total,
-    jobledger_run_duration_seconds{quantile}, jobledger_run_failure_ratio,
-    jobledger_job_overdue, jobledger_consecutive_failures (all by job) and
-    jobledger_alerts{alert}.
+    Metrics: jobledger_up, jobledger_job_state{state} (1 for the job's state),
+    jobledger_runs_started_total, jobledger_runs_total{status}, jobledger_runs_running,
+    jobledger_skipped_total{reason}, jobledger_leases_lost_total,
+    jobledger_run_duration_seconds{quantile="1"}, jobledger_last_success_duration_seconds,
+    jobledger_run_failure_ratio, jobledger_consecutive_failures, jobledger_job_ttl_seconds,
+    jobledger_run_running_seconds (all by job) and jobledger_alerts{alert}; with --audit,
+    jobledger_state_differences and jobledger_duplicates.
     """
     def open_connection() -> psycopg.Connection[Any]:
         return connect(dsn)
@@ -43,13 +48,13 @@ def metrics(port: int | None, host: str | None, timeout: timedelta, dsn: str) ->
     if port is None:
         if host is not None:
             raise click.UsageError("--host only applies with --serve PORT")
-        click.echo(exposition(open_connection, timeout), nl=False)
+        click.echo(exposition(open_connection, timeout, audit=audit), nl=False)
         return
 
     def scrape_failed(error: Exception) -> None:
         say(f"scrape failed, answering jobledger_up 0: {first_line(error)}")
 
-    collector = LedgerCollector(open_connection, timeout=timeout, on_error=scrape_failed)
+    collector = LedgerCollector(open_connection, timeout=timeout, on_error=scrape_failed, audit=audit)
     try:
         server = serve(collector, port, host or "127.0.0.1")
     except OSError as error:

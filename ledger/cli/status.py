@@ -114,19 +114,18 @@ def runs(job: str, limit: int, as_json: bool, dsn: str) -> None:
     out.print(render.fitted(out, lambda wide: render.runs_table(rows, now, title=f"runs of {job}", wide=wide)))
 
 
-HEALTHY = {"ok", "running", "never_run"}
-
-
 @click.command()
 @click.argument("jobs", nargs=-1, metavar="[JOB]...")
 @json_option
 @dsn_option
 def health(jobs: tuple[str, ...], as_json: bool, dsn: str) -> None:
-    """Each job's health (`ledger.job_health`): ok, running, late, down, overrun, failing,
-    paused or never_run, since when and why. Exit code 1 when a job listed is late, down,
-    overrun, failing or paused, so a shell or a probe can test it."""
+    """Each job's state (`ledger.job_health`): crashed, overrun, paused, running, down,
+    late, failing, never_run or ok, since when and why. Exit code 1 when a job listed
+    is in a state that raises an alert (`ledger.alerts`: crashed, overrun, down, late,
+    failing, paused after failures), so a shell or a probe can test it."""
     with connect(dsn) as conn:
         rows = lookups.job_health(conn)
+        alerts = lookups.alerts(conn)
         now = database_now(conn)
     if jobs:
         unknown = [job for job in dict.fromkeys(jobs) if job not in {row["job"] for row in rows}]
@@ -140,19 +139,51 @@ def health(jobs: tuple[str, ...], as_json: bool, dsn: str) -> None:
     else:
         out = render.console()
         table = Table(box=box.SIMPLE_HEAVY, title="ledger.job_health", title_justify="left", title_style="bold")
-        for name in ("job", "state", "since", "missed", "last success", "why"):
+        for name in ("job", "state", "since", "missed", "fails", "last success", "why"):
             table.add_column(name)
         for row in rows:
             missed = "-" if row["missed_slots"] is None else (
                 f"{'>=' if row['missed_slots_capped'] else ''}{row['missed_slots']}")
-            table.add_row(render.cell(row["job"]),
-                          render.cell(row["state"], style="green" if row["state"] in HEALTHY else "bold red"),
+            table.add_row(render.cell(row["job"]), render.state_text(row["state"]),
                           render.relative(row["since"], now) if row["since"] is not None else "-", missed,
+                          str(row["consecutive_failures"] or 0),
                           render.relative(row["last_success_at"], now) if row["last_success_at"] else "never",
                           render.cell(row["reason"]))
         out.print(table)
-    if any(row["state"] not in HEALTHY for row in rows):
+    # the ledger says which states are trouble: those its alerts raise
+    trouble = {(alert["job"], alert["alert"]) for alert in alerts}
+    if any((row["job"], row["state"]) in trouble for row in rows):
         sys.exit(1)
 
 
-COMMANDS = (status, runs, health)
+@click.command("verify-state")
+@json_option
+@dsn_option
+def verify_state(as_json: bool, dsn: str) -> None:
+    """The audit of the jobs' state (`ledger.verify_state`): every job's state recomputed
+    from the log, the schedule and the leases, against its stored row. Lists the jobs
+    that differ, with the columns that do; none when the ledger holds. Exit code 1 when
+    one differs. It reads the whole log."""
+    with connect(dsn) as conn:
+        rows = lookups.verify_state(conn)
+    if as_json:
+        click.echo(render.to_json(rows))
+    elif not rows:
+        click.echo("every job's stored state is the log's (ledger.verify_state is empty)")
+    else:
+        out = render.console()
+        table = Table(box=box.SIMPLE_HEAVY, title="ledger.verify_state", title_justify="left",
+                      title_style="bold red")
+        for name in ("job", "state", "column", "stored", "expected"):
+            table.add_column(name)
+        for row in rows:
+            for column, found in sorted((row["differences"] or {}).items()):
+                table.add_row(render.cell(row["job"]), render.state_text(row["state"]), render.cell(column),
+                              render.cell(render.dumps(found.get("stored"))),
+                              render.cell(render.dumps(found.get("expected"))))
+        out.print(table)
+    if rows:
+        sys.exit(1)
+
+
+COMMANDS = (status, runs, health, verify_state)

@@ -2,8 +2,10 @@
 
 - ``alert-rules.yml``: Prometheus alerting rules over the metrics of
   ``jobledger metrics`` (and ``/metrics`` of ``jobledger web``): the scrape
-  down, jobs late (overdue), failures in a row, overlapping runs, runs past
-  their ttl, ttl advice; checked by ``promtool check rules`` in the tests.
+  down, one rule per state that is trouble (crashed, overrun, down, late,
+  failing, paused after failures: ``jobledger_job_state``), overlapping
+  runs, runs past their ttl, ttl advice, the state audit; checked by
+  ``promtool check rules`` and ``promtool test rules`` in the tests.
 - ``grafana-dashboard.json``: a Grafana dashboard of the same metrics
   (import it, pick the Prometheus data source).
 

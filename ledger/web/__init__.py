@@ -9,7 +9,6 @@ no endpoint writes. One module a job:
 - :mod:`ledger.web.routes`: the endpoints, HTML and JSON;
 - :mod:`ledger.web.reads`: the reads, one function per statement of ``ledger.queries``;
 - :mod:`ledger.web.pages`: what each page shows, from the reads (plain data, also its JSON);
-- :mod:`ledger.web.states`: a job's state badge;
 - :mod:`ledger.web.schedules`: a schedule in plain words;
 - :mod:`ledger.web.charts`: the SVG charts and the badge, drawn on the server;
 - :mod:`ledger.web.commands`: the exact ``jobledger`` command of each operator action;

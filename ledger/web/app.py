@@ -31,8 +31,9 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ledger import __version__
+from ledger.states import UNKNOWN
 from ledger.text import first_line
-from ledger.web import charts, pages, routes
+from ledger.web import pages, routes
 from ledger.web.access import Access, AccessMiddleware
 from ledger.web.reads import DEFAULT_TIMEOUT, Reader
 from ledger.web.routes import DEFAULT_METRICS_CACHE, Scrapes
@@ -83,7 +84,7 @@ def _error(request: Request, status: int, heading: str, message: str) -> Respons
     if "/api/" in path:
         return JSONResponse({"error": heading, "message": message}, status_code=status)
     if "/badge/" in path:
-        return routes.badge_response("jobledger", heading, charts.BADGE_COLOURS["unknown"], status)
+        return routes.badge_response("jobledger", heading, UNKNOWN.colour, status)
     config = routes.settings(request)
     urls = routes.Urls(request)
     # no JSON link: it would be the request's own path, and an error has no JSON page of its own

@@ -175,9 +175,6 @@ def durations(page: JobPage, href: Href) -> Markup:
     return Markup("".join(parts))
 
 
-#: The badge's colours by state (the badge is a document of its own: no style sheet).
-BADGE_COLOURS = {"running": "#1f6feb", "lease_expired": "#c2410c", "paused": "#6b7280", "failing": "#d1242f",
-                 "overdue": "#bf8700", "never_run": "#57606a", "ok": "#1a7f37", "unknown": "#57606a"}
 
 
 def _text_width(text: str) -> float:

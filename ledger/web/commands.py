@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from ledger.models import JobStatus
-from ledger.web.states import State
 
 
 @dataclass(frozen=True)
@@ -36,14 +35,14 @@ def _line(*words: str) -> str:
     return " ".join(shlex.quote(word) for word in words)
 
 
-def job_commands(status: JobStatus, state: State) -> list[Command]:
+def job_commands(status: JobStatus, state: str) -> list[Command]:
     """The actions on the job as it is now, the one its state calls for first."""
     job = status.job
     found: list[Command] = []
-    if state == "lease_expired":
+    if state == "crashed":
         found.append(Command("close the crashed run", _line("jobledger", "reap", job),
-                             "its run's lease expired: mark the run failed (lease_expired) now "
-                             "rather than at the next start"))
+                             "its run is marked running but its lease is gone: mark the run failed "
+                             "(lease_expired) now rather than at the next start"))
     if status.paused:
         found.append(Command("resume", _line("jobledger", "resume", job), "slots become due again"))
     elif status.schedule is not None:
@@ -69,7 +68,7 @@ def job_commands(status: JobStatus, state: State) -> list[Command]:
         found.append(Command("change its definition", _line(*register),
                              "edit the schedule, zone, ttl or catch-up bound: register changes the "
                              "options given, and options left out are kept as they are"))
-    if state != "lease_expired":
+    if state != "crashed":
         found.append(Command("close crashed runs", _line("jobledger", "reap", job),
                              "marks runs whose lease expired as failed"))
     return found

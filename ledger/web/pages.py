@@ -21,7 +21,7 @@ from ledger.web import reads
 from ledger.web.commands import Command, job_commands
 from ledger.web.reads import Alert, Failure, FenceWrite, LeaseNow, Neighbours, RunBar, SkippedRange, Slot, TtlAdvice
 from ledger.web.schedules import in_words
-from ledger.web.states import STATES, State, job_state
+from ledger.states import STATES
 
 #: Jobs per page of the jobs page.
 PAGE_SIZE = 100
@@ -53,7 +53,7 @@ class JobRow:
     """A row of the jobs page."""
 
     job: str
-    state: State
+    state: str                    # the ledger's word (ledger.job_status.state)
     paused: bool
     schedule: str | None
     schedule_words: str
@@ -69,7 +69,7 @@ class JobRow:
 class JobsPage:
     now: datetime
     name: str | None
-    state: State | None
+    state: str | None
     counts: dict[str, int]        # per state, over the jobs the name filter keeps
     total: int                    # jobs both filters keep
     page: int
@@ -81,7 +81,9 @@ class JobsPage:
 class JobPage:
     now: datetime
     job: str
-    state: State
+    state: str                    # the ledger's word (ledger.job_health.state)
+    state_since: datetime | None  # when the state began
+    reason: str | None            # why, in the ledger's words
     status: JobStatus
     schedule_words: str
     window: str
@@ -119,7 +121,12 @@ class AlertsPage:
 @dataclass(frozen=True)
 class Badge:
     job: str
-    state: State
+    state: str
+
+
+def _state(status: JobStatus) -> str:
+    """The ledger's state word of the job (``job_status.state``, never worked out here)."""
+    return status.state or "unknown"
 
 
 def success_rate(runs: list[RunBar]) -> float | None:
@@ -127,11 +134,11 @@ def success_rate(runs: list[RunBar]) -> float | None:
     return sum(run.status == "success" for run in ended) / len(ended) if ended else None
 
 
-def jobs_page(cur: psycopg.Cursor[Any], *, name: str | None = None, state: State | None = None,
+def jobs_page(cur: psycopg.Cursor[Any], *, name: str | None = None, state: str | None = None,
               page: int = 1) -> JobsPage:
     """The jobs the filters keep, a page of them, each with its sparkline."""
     now = reads.now(cur)
-    everyone = [(status, job_state(status)) for status in reads.jobs(cur, name)]
+    everyone = [(status, _state(status)) for status in reads.jobs(cur, name)]
     counts = Counter(found for _, found in everyone)
     kept = [(status, found) for status, found in everyone if state is None or found == state]
     pages = max(1, -(-len(kept) // PAGE_SIZE))
@@ -145,7 +152,9 @@ def jobs_page(cur: psycopg.Cursor[Any], *, name: str | None = None, state: State
             job=status.job, state=found, paused=bool(status.paused), schedule=status.schedule,
             schedule_words=in_words(status.schedule), time_zone=status.time_zone, last_run=mine[-1] if mine else None, next_slot=status.next_slot,
             runs=mine, success_rate=success_rate(mine), status=status))
-    return JobsPage(now=now, name=name, state=state, counts={key: counts.get(key, 0) for key in STATES},
+    # every state the ledger has (in its order), and any other word it gave a job
+    known = {key: counts.get(key, 0) for key in STATES} | dict(counts)
+    return JobsPage(now=now, name=name, state=state, counts=known,
                     total=len(kept), page=page, pages=pages, jobs=rows)
 
 
@@ -155,7 +164,8 @@ def job_page(cur: psycopg.Cursor[Any], job: str, *, window: str = DEFAULT_WINDOW
     status = reads.job(cur, job)
     if status is None:
         raise UnknownJob(job)
-    state = job_state(status)
+    health = reads.health(cur, job)
+    state = health.state if health is not None else _state(status)
     since, until = now - WINDOWS[window], now
     runs = reads.window_runs(cur, job, since, until, WINDOW_RUNS)
     in_window = sum(1 for run in runs if run.started_at >= since)
@@ -167,7 +177,8 @@ def job_page(cur: psycopg.Cursor[Any], job: str, *, window: str = DEFAULT_WINDOW
             marks = [slot.slot for slot in reads.slots(cur, job, count, since) if slot.slot <= until]
         upcoming = reads.slots(cur, job, UPCOMING_SLOTS, now)
     return JobPage(
-        now=now, job=job, state=state, status=status, schedule_words=in_words(status.schedule), window=window, since=since, until=until, runs=runs,
+        now=now, job=job, state=state, state_since=health.since if health else None,
+        reason=health.reason if health else None, status=status, schedule_words=in_words(status.schedule), window=window, since=since, until=until, runs=runs,
         runs_truncated=in_window >= WINDOW_RUNS,
         skipped=reads.skipped(cur, job, since, until, SKIPPED_RANGES), slot_count=count, slot_marks=marks,
         upcoming=upcoming, failures=reads.failures(cur, job, RECENT_FAILURES), advice=reads.ttl_advice(cur, job),
@@ -199,4 +210,4 @@ def badge(cur: psycopg.Cursor[Any], job: str) -> Badge:
     status = reads.job(cur, job)
     if status is None:
         raise UnknownJob(job)
-    return Badge(job=job, state=job_state(status))
+    return Badge(job=job, state=_state(status))

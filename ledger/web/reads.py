@@ -141,6 +141,15 @@ class Alert:
     since: datetime | None
 
 
+@dataclass(frozen=True)
+class Health:
+    """A job's row of ``ledger.job_health``: its state, since when, why."""
+
+    state: str
+    since: datetime | None
+    reason: str | None
+
+
 class Reader:
     """Where every request reads: a small pool of connections to the ledger, each read in its own transaction.
 
@@ -217,6 +226,11 @@ def jobs(cur: psycopg.Cursor[Any], name: str | None) -> list[JobStatus]:
 def job(cur: psycopg.Cursor[Any], job: str) -> JobStatus | None:
     found = _rows(cur, queries.JOB_STATUS, {"job": job})
     return _job_status(found[0]) if found else None
+
+
+def health(cur: psycopg.Cursor[Any], job: str) -> Health | None:
+    found = _rows(cur, queries.WEB_JOB_HEALTH, {"job": job})
+    return Health(**found[0]) if found else None
 
 
 def last_runs(cur: psycopg.Cursor[Any], jobs: Sequence[str], per_job: int) -> dict[str, list[RunBar]]:

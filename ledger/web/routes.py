@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlencode
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -33,12 +33,12 @@ from starlette.types import Scope
 
 from ledger import __version__
 from ledger.metrics import DEFAULT_TIMEOUT as METRICS_TIMEOUT
-from ledger.metrics import LedgerCollector, registry
+from ledger.metrics import LedgerCollector
 from ledger.models import Run
 from ledger.web import charts, display, pages
 from ledger.web.jsonable import jsonable
 from ledger.web.reads import Reader
-from ledger.web.states import LABELS, STATES, State
+from ledger.states import STATES, UNKNOWN, look
 
 P = TypeVar("P")
 
@@ -148,7 +148,7 @@ def _html(request: Request, template: str, page: Any, *, nav: str, json_url: str
     config = settings(request)
     context = {
         "page": page, "nav": nav, "json_url": json_url, "refresh": config.refresh, "root": urls.root,
-        "version": __version__, "states": STATES, "labels": LABELS,
+        "version": __version__, "states": STATES,
         "static": urls.static, "job_url": urls.job, "run_url": urls.run, "jobs_url": urls.jobs,
         "clock": display.clock, "stamp": display.stamp, "relative": display.relative,
         "duration": display.duration, "offset": display.offset, "percent": display.percent,
@@ -183,8 +183,7 @@ def _jobs_choices(request: Request) -> dict[str, Any]:
         page = int(request.query_params.get("page", "1"))
     except ValueError:
         raise HTTPException(400, "page must be a number") from None
-    chosen: State | None = state  # checked against STATES above (mypy narrows `in` a dict of Literal keys)
-    return {"name": name, "state": chosen, "page": page}
+    return {"name": name, "state": state, "page": page}
 
 
 def _window(request: Request) -> str:
@@ -259,8 +258,18 @@ def badge(request: Request) -> Response:
     try:
         found = _read(request, lambda cur: pages.badge(cur, name))
     except pages.UnknownJob:
-        return badge_response(name, "unknown job", charts.BADGE_COLOURS["unknown"], 404)
-    return badge_response(name, LABELS[found.state], charts.BADGE_COLOURS[found.state])
+        return badge_response(name, "unknown job", UNKNOWN.colour, 404)
+    return badge_response(name, found.state, look(found.state).colour)
+
+
+def state_styles(request: Request) -> Response:
+    """``/static/states.css``: each state's colour and symbol, from the one table of them (ledger.states).
+
+    The symbol is the badge's ``::before``: drawn, not part of the text (which is the state's word)."""
+    rules = [f'.state-{state} {{ background: {found.colour}; }}\n.state-{state}::before {{ content: "{found.symbol} "; }}'
+             for state, found in STATES.items()]
+    return Response("\n".join(rules) + "\n", media_type="text/css",
+                    headers={"cache-control": "public, max-age=3600"})
 
 
 async def metrics(request: Request) -> Response:
@@ -271,7 +280,7 @@ async def metrics(request: Request) -> Response:
     timeout = max(config.reader.timeout, METRICS_TIMEOUT)
 
     def read() -> bytes:
-        body: bytes = generate_latest(registry(LedgerCollector(config.reader.connection, timeout=timeout)))
+        body: bytes = LedgerCollector(config.reader.connection, timeout=timeout).text()
         return body
 
     return Response(await config.scrapes.body(read), media_type=CONTENT_TYPE_LATEST,
@@ -290,5 +299,6 @@ def routes(static_directory: str) -> list[BaseRoute]:
         Route("/api/alerts", alerts_json),
         Route("/badge/{job:path}", badge),
         Route("/metrics", metrics),
+        Route("/static/states.css", state_styles),
         Mount("/static", StaticFiles(directory=static_directory), name="static"),
     ]

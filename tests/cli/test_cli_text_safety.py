@@ -72,7 +72,7 @@ def start_run(db: psycopg.Connection, job: str, owner: str = OWNER) -> tuple[int
 @pytest.fixture
 def seeded(dsn: str, db: psycopg.Connection) -> str:
     """JOB (scheduled, healthy: its newest run a success) with a failed run for each of ERRORS and one
-    cancelled with CONTROL_ERROR, all by OWNER; ALERTING failed three times in a row (alerts); the
+    cancelled with CONTROL_ERROR, all by OWNER; ALERTING failed three times in a row (failing: one alert) and holds a lease; the
     run events recorded and the alerts synced (alert events)."""
     db.execute("SELECT ledger.configure_events(run_events => true)")
     db.execute("SELECT ledger.register_job(job => %s, schedule => '1 hour', ttl => '10 minutes')", (JOB,))
@@ -86,7 +86,9 @@ def seeded(dsn: str, db: psycopg.Connection) -> str:
     for error in (STYLE_ERROR, LINK_ERROR, CONTROL_ERROR):
         run_id, token = start_run(db, ALERTING)
         db.execute("SELECT ledger.fail_run(run_id => %s, token => %s, error => %s)", (run_id, token, error))
-    start_run(db, ALERTING)  # a live run: its holder, OWNER, in the status table
+    # a lease, no run: its holder, OWNER, in the status table; the job stays failing (a live run would
+    # make it running, which raises no alert)
+    db.execute("SELECT ledger.acquire(job => %s, owner => %s, ttl => '1 hour')", (ALERTING, OWNER))
     db.execute("SELECT ledger.sync_alerts()")
     return dsn
 
@@ -130,7 +132,8 @@ def test_status_shows_brackets_as_text(seeded):
     text = run_bytes("status", dsn=seeded)
     assert_literals(text, JOB, OWNER, ALERTING)
     alerts = text.split("ledger.alerts", 1)[1]
-    assert "consecutive_failures" in alerts and ALERTING in alerts
+    assert "failing" in alerts and "consecutive_failures" not in alerts and ALERTING in alerts
+    assert alerts.count(ALERTING) == 1  # one job, one cause, one alert
     only = run_bytes("status", JOB, dsn=seeded)
     assert JOB in only and "no alerts" in only
 
@@ -147,7 +150,7 @@ def test_runs_show_errors_as_text_their_control_characters_escaped(seeded):
 def test_health_shows_brackets_as_text(seeded):
     text = run_bytes("health", JOB, dsn=seeded)
     assert JOB in text and "ok" in text
-    everything = run_bytes("health", dsn=seeded)  # ALERTING has a live run: running, healthy
+    everything = run_bytes("health", dsn=seeded, expect=1)  # ALERTING is failing: exit 1
     assert_literals(everything, JOB, ALERTING)
 
 
@@ -155,7 +158,7 @@ def test_events_lines_escape_a_run_errors_control_characters(seeded):
     text = run_bytes("events", "-n", "100", dsn=seeded)
     assert_literals(text)
     assert CONTROL_SHOWN in text
-    assert len(text.splitlines()) == 20  # a line an event: 2 a run of 9 ended, the live run's, the alert's
+    assert len(text.splitlines()) == 19  # a line an event: 2 a run of 9 ended, and ALERTING's one alert
 
 
 def test_json_outputs_carry_the_text_exactly_every_control_character_escaped(seeded):
@@ -165,7 +168,7 @@ def test_json_outputs_carry_the_text_exactly_every_control_character_escaped(see
     assert_control_error_in(rows)
     assert {row["owner"] for row in rows} == {OWNER} and {row["job"] for row in rows} == {JOB}
     events = json_of("events", "-n", "100", "--json", dsn=seeded)
-    assert len(events) == 20
+    assert len(events) == 19
     details = [event["detail"] for event in events]
     assert_control_error_in(details)  # an event keeps 200 characters of the error: CONTROL_ERROR is shorter
     assert OWNER in {detail.get("owner") for detail in details}
@@ -178,8 +181,9 @@ def test_json_outputs_carry_the_text_exactly_every_control_character_escaped(see
     assert {row["job"] for row in document["jobs"]} == {JOB, ALERTING}
     assert {row["holder"] for row in document["jobs"]} == {None, OWNER}
     assert ALERTING in {alert["job"] for alert in document["alerts"]}
-    health = json_of("health", "--json", dsn=seeded)
-    assert {row["job"]: row["state"] for row in health} == {JOB: "ok", ALERTING: "running"}
+    health = json_of("health", "--json", dsn=seeded, expect=1)  # ALERTING is failing
+    assert {row["job"]: row["state"] for row in health} == {JOB: "ok", ALERTING: "failing"}
+    assert {row["job"]: row["state"] for row in document["jobs"]} == {JOB: "ok", ALERTING: "failing"}  # one word
     slots = json_of("next", JOB, "-n", "3", "--json", dsn=seeded)
     assert slots["job"] == JOB and len(slots["slots"]) == 3
 

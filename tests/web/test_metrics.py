@@ -85,7 +85,7 @@ def test_the_exposition_parses_and_carries_the_ledgers_numbers(dsn, ledger):
     text = exposition(lambda: psycopg.connect(dsn, autocommit=True))
     families = {family.name: family.type for family in text_string_to_metric_families(text)}
     assert families["jobledger_runs"] == "counter" and families["jobledger_skipped"] == "counter"
-    assert families["jobledger_job_overdue"] == "gauge"
+    assert families["jobledger_job_state"] == "gauge" and "jobledger_job_overdue" not in families
     samples = _samples(text)
     assert _at(samples, "jobledger_up") == 1
     assert _at(samples, "jobledger_runs_started_total", job="etl") == 3
@@ -99,21 +99,32 @@ def test_the_exposition_parses_and_carries_the_ledgers_numbers(dsn, ledger):
     assert _at(samples, "jobledger_runs_total", job="lost", status="failure") == 1
     assert _at(samples, "jobledger_runs_running", job="lost") == 1
     assert _at(samples, "jobledger_runs_running", job="etl") == 0
-    assert _at(samples, "jobledger_job_overdue", job="late") == 1
-    assert _at(samples, "jobledger_job_overdue", job="etl") == 0
-    assert _at(samples, "jobledger_job_overdue", job="tick") == 0
-    assert _at(samples, "jobledger_alerts", alert="down") == 1  # overdue is its state: down
+    # each job's one state, the ledger's word: late never ran, so it is down
+    assert _at(samples, "jobledger_job_state", job="late", state="down") == 1
+    assert _at(samples, "jobledger_job_state", job="etl", state="failing") == 1
+    assert _at(samples, "jobledger_job_state", job="lost", state="running") == 1
+    assert [name for name, labels in samples if name == "jobledger_job_state" and ("job", "etl") in labels] == [
+        "jobledger_job_state"]  # one series per job
+    assert _at(samples, "jobledger_alerts", alert="down") == 1
     assert _at(samples, "jobledger_alerts", alert="overlap") == 0
     assert _at(samples, "jobledger_alerts", alert="too_fast") == 0
-    assert _at(samples, "jobledger_duplicates") == 0 and families["jobledger_duplicates"] == "gauge"
+    assert "jobledger_duplicates" not in families and "jobledger_state_differences" not in families  # --audit
     assert _at(samples, "jobledger_consecutive_failures", job="etl") == 1
     assert _at(samples, "jobledger_run_failure_ratio", job="etl") == pytest.approx(1 / 3, abs=1e-4)
-    etl = ledger["etl_durations"]  # two successes: p50 is their mean, p95 near the longer
-    assert _at(samples, "jobledger_run_duration_seconds", job="etl", quantile="0.5") == pytest.approx(
-        (etl[0] + etl[1]) / 2, abs=1e-6)
-    assert _at(samples, "jobledger_run_duration_seconds", job="etl", quantile="0.95") == pytest.approx(
-        etl[0] + 0.95 * (etl[1] - etl[0]), abs=1e-6)
+    etl = ledger["etl_durations"]  # two successes: the longest is the state row's (quantile 1 alone)
     assert _at(samples, "jobledger_run_duration_seconds", job="etl", quantile="1") == pytest.approx(etl[1], abs=1e-6)
+    assert [labels for name, labels in samples if name == "jobledger_run_duration_seconds"
+            and ("job", "etl") in labels] == [frozenset({("job", "etl"), ("quantile", "1")})]
+    newest = _at(samples, "jobledger_last_success_duration_seconds", job="etl")  # the newer of the two
+    assert any(newest == pytest.approx(duration, abs=1e-6) for duration in etl)
+
+
+def test_the_audits_are_read_when_asked(dsn, ledger):
+    samples = _samples(exposition(lambda: psycopg.connect(dsn, autocommit=True), audit=True))
+    assert _at(samples, "jobledger_state_differences") == 0  # ledger.verify_state is empty
+    assert _at(samples, "jobledger_duplicates") == 0
+    result = CliRunner().invoke(main, ["metrics", "--audit", "--dsn", dsn])
+    assert result.exit_code == 0 and "jobledger_state_differences 0.0" in result.output, result.output
     # a job with no success has no duration samples rather than zeros
     assert ("jobledger_run_duration_seconds", frozenset({("job", "lost"), ("quantile", "1")})) not in samples
 

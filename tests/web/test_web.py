@@ -27,15 +27,15 @@ from clihelp import environment, jobledger, start
 from ledger import metrics
 from ledger.models import JobStatus
 from ledger.web.access import Access, AccessError, check_bind, is_loopback
+from ledger.web import pages
 from ledger.web.app import create_app
 from ledger.web.commands import exact_duration, job_commands
 from ledger.web.schedules import in_words
 from ledger.web.server import BackgroundServer
-from ledger.web.states import job_state
 from webseed import XSS_ERROR, XSS_JOB, Seeded, seeded_database
 
 EXPECTED_STATES = {
-    "etl": "failing", "ingest": "running", "sync-orders": "lease_expired", "tick": "ok",
+    "etl": "failing", "ingest": "running", "sync-orders": "crashed", "tick": "ok",
     "weekly-cleanup": "paused", "nightly-report": "ok", "dst-day": "never_run", XSS_JOB: "failing",
     "never-ran": "never_run",
 }
@@ -274,39 +274,24 @@ def _promtool_problems(text: str) -> list[str]:
             not in line]
 
 
-def test_metrics_are_the_collectors_with_a_duration_histogram(site):
+def test_metrics_are_the_collectors_read_from_the_state_rows(site):
     status, headers, body = get(site + "/metrics")
     assert status == 200 and headers["content-type"].startswith("text/plain")
     families = {family.name: family for family in text_string_to_metric_families(body)}
     assert families["jobledger_up"].samples[0].value == 1
-    histogram = families[metrics.DURATION_HISTOGRAM]
-    assert histogram.type == "histogram"
-    etl = {sample.labels.get("le"): sample.value for sample in histogram.samples
-           if sample.labels["job"] == "etl" and sample.name.endswith("_bucket")}
-    counts = [etl[key] for key in [*("%.1f" % bound for bound in metrics.DURATION_BUCKETS), "+Inf"]]
-    assert counts == sorted(counts) and counts[-1] >= 255  # cumulative; the day's successes
-    assert counts[0] == 8  # the seeded API runs take milliseconds; the history 20 s and more
+    states = {sample.labels["job"]: sample.labels["state"] for sample in families["jobledger_job_state"].samples}
+    assert states == EXPECTED_STATES  # one series per job, its state's, value 1
+    assert all(sample.value == 1 for sample in families["jobledger_job_state"].samples)
+    longest = {sample.labels["job"]: sample for sample in families["jobledger_run_duration_seconds"].samples}
+    assert longest["etl"].labels["quantile"] == "1" and longest["etl"].value >= 20  # the history's 20 s runs
+    assert "jobledger_recent_run_duration_seconds" not in families  # a histogram would read every job's runs
     assert families["jobledger_job_ttl_seconds"].samples  # the rules compare runs with it
     assert any(sample.labels["job"] == "ingest" for sample in families["jobledger_run_running_seconds"].samples)
+    # the crashed run is no live run: not running, no running time
+    assert not any(sample.labels["job"] == "sync-orders" for sample in families["jobledger_run_running_seconds"].samples)
+    assert "jobledger_state_differences" not in families  # an audit: `jobledger metrics --audit`
     if shutil.which("promtool"):
         assert _promtool_problems(body) == []
-
-
-def test_histogram_buckets_count_a_duration_at_most_their_bound(db, dsn):
-    """A run of exactly 5 s is in the le=5 bucket (Prometheus' rule), one of 5.000001 s is not."""
-    db.execute("SELECT ledger.register_job('exact', ttl => '1 hour')")
-    db.execute("INSERT INTO ledger.leases (job, owner, token, ttl, acquired_at, expires_at, released_at, timeline) "
-               "VALUES ('exact', 'w', 4, '1 hour', now(), now(), now(), 1)")
-    for token, seconds in ((1, 0.5), (2, 5.0), (3, 5.000001), (4, 100000.0)):
-        db.execute("INSERT INTO ledger.job_execution_log (job, owner, token, status, started_at, completed_at) "
-                   "VALUES ('exact', 'w', %s, 'success', now() - interval '1 hour', "
-                   "now() - interval '1 hour' + %s * interval '1 second')", (token, seconds))
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        snapshot = metrics.read_snapshot(conn)
-    exact = next(row for row in snapshot.durations if row.job == "exact")
-    by_bound = dict(zip(metrics.DURATION_BUCKETS, exact.counts))
-    assert (by_bound[1.0], by_bound[5.0], by_bound[15.0], by_bound[10800.0]) == (1, 2, 3, 3)
-    assert exact.runs == 4 and exact.seconds == pytest.approx(100010.500001)
 
 
 # -- access --------------------------------------------------------------------------
@@ -417,14 +402,13 @@ def _status(**changes: Any) -> JobStatus:
     return JobStatus(**base)
 
 
-def test_the_state_badge_reads_job_status():
-    assert job_state(_status()) == "never_run"
-    assert job_state(_status(last_run_id=1)) == "ok"
-    assert job_state(_status(last_run_id=1, overdue=True)) == "overdue"
-    assert job_state(_status(last_run_id=1, overdue=True, consecutive_failures=2)) == "failing"
-    assert job_state(_status(last_run_id=1, consecutive_failures=2, paused=True)) == "paused"
-    assert job_state(_status(running_run_id=3, holder="w", paused=True)) == "running"
-    assert job_state(_status(running_run_id=3, holder=None)) == "lease_expired"
+def test_the_dashboard_shows_the_ledgers_word_and_computes_none():
+    """The state is job_status.state as read; nothing here works one out from the other columns."""
+    assert pages._state(_status(state="down", last_run_id=1, consecutive_failures=2)) == "down"
+    assert pages._state(_status(state="ok", running_run_id=3, holder=None)) == "ok"
+    assert pages._state(_status(state=None)) == "unknown"
+    crashed = {command.action for command in job_commands(_status(state="crashed"), "crashed")}
+    assert "close the crashed run" in crashed and "close crashed runs" not in crashed
 
 
 def test_commands_quote_what_the_shell_would_read():

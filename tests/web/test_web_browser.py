@@ -123,7 +123,7 @@ def test_each_page_loads_without_errors_and_shows_the_seeded_facts(site, ledger_
     assert rows.count() == len(seeded.jobs)
     assert text_of(page, 'tr[data-job="etl"] .badge') == "failing"
     assert text_of(page, 'tr[data-job="ingest"] .badge') == "running"
-    assert text_of(page, 'tr[data-job="sync-orders"] .badge') == "lease expired"
+    assert text_of(page, 'tr[data-job="sync-orders"] .badge') == "crashed"
     assert page.locator('tr[data-job="weekly-cleanup"]').get_attribute("class") == "paused"
     assert "every 5 minutes" in text_of(page, 'tr[data-job="etl"]')
     assert "Europe/Berlin" in text_of(page, 'tr[data-job="nightly-report"]')
@@ -150,7 +150,9 @@ def test_each_page_loads_without_errors_and_shows_the_seeded_facts(site, ledger_
     shoot(page, "run")
 
     page.goto(site + "/alerts")
-    assert "consecutive_failures" in text_of(page, "table.alerts")
+    alerts = text_of(page, "table.alerts")
+    assert "failures in a row" in alerts and "consecutive_failures" not in alerts  # the state's alert: failing
+    assert "its runner is gone" in alerts  # sync-orders: crashed
     shoot(page, "alerts")
 
     page.wait_for_timeout(2500)  # two refreshes: the fetch loop must not err either
