@@ -3,8 +3,8 @@
 A custom collector (no state in the process: the counters live in the
 database, so any number of exporters agree and a restart loses nothing). Each
 scrape opens a connection (or takes one from a pool: the dashboard's), reads
-``ledger.job_status``, ``ledger.run_stats`` and ``ledger.alerts`` in one
-read-only transaction as ``ledger_reader`` (see
+``ledger.job_status``, ``ledger.run_stats``, ``ledger.alerts`` and
+``ledger.db_risks`` in one read-only transaction as ``ledger_reader`` (see
 :func:`ledger.readonly.read_only_transaction`), and closes it (or gives it back).
 
 Metrics (labels in braces):
@@ -41,6 +41,18 @@ Metrics (labels in braces):
 - ``jobledger_duplicates``: slots and idempotency keys that succeeded more
   than once (``ledger.duplicates``, over each job's newest 1,000 successes);
   always 0.
+- ``jobledger_db_risk{kind,relation}``: each row of ``ledger.db_risks`` by
+  its severity, 0 ``ok``, 1 ``warn``, 2 ``critical``: ``xmin_horizon``
+  (``relation=""``), ``dead_rows`` and ``autovacuum_lag`` per hot table.
+- ``jobledger_xmin_horizon_age_transactions``: transactions started since
+  the oldest snapshot, transaction, slot or prepared transaction that holds
+  vacuum back (0: none), and ``jobledger_xmin_horizon_age_seconds``: for how
+  long (none when the reader may not see it: ``pg_read_all_stats``).
+- ``jobledger_xmin_horizon_holder{holder_type,holder,application_name}``: 1,
+  only while the horizon's risk is ``warn`` or ``critical``: who holds it (a
+  pid, a slot or a prepared transaction's gid). Not a label of the gauges
+  above, so that short transactions do not make a new series per scrape.
+- ``jobledger_dead_rows{relation}``: dead row versions on each hot table.
 """
 
 from __future__ import annotations
@@ -59,7 +71,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from ledger import queries
-from ledger.models import JobStatus
+from ledger.models import SEVERITIES, DbRisk, JobStatus
 from ledger.readonly import read_only_transaction
 
 __all__ = [
@@ -134,6 +146,7 @@ class Snapshot:
     alerts: dict[str, int] = field(default_factory=dict)
     durations: list[DurationBuckets] = field(default_factory=list)
     duplicates: int = 0
+    risks: list[DbRisk] = field(default_factory=list)
 
 
 def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TIMEOUT) -> Snapshot:
@@ -150,7 +163,8 @@ def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TI
             "bounds": list(DURATION_BUCKETS), "window": DURATION_WINDOW}, prepare=False).fetchall())
         row = cur.execute(queries.DUPLICATE_COUNT, prepare=False).fetchone()
         duplicates = int(row[0]) if row else 0
-    return Snapshot(jobs, stats, alerts, durations, duplicates)
+        risks = [DbRisk(**row) for row in _as_dicts(cur.execute(queries.DB_RISKS, prepare=False))]
+    return Snapshot(jobs, stats, alerts, durations, duplicates, risks)
 
 
 def _as_dicts(cur: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
@@ -231,6 +245,37 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
 
     yield from (started, ended, running, skipped, lost, duration, histogram, failure_ratio, overdue, failing,
                 ttl, running_for, alerts, duplicates)
+    yield from risk_families(snapshot.risks)
+
+
+def risk_families(risks: Iterable[DbRisk]) -> Iterator[Metric]:
+    """The metric families of ``ledger.db_risks``' rows."""
+    risk = GaugeMetricFamily("jobledger_db_risk", "ledger.db_risks by severity: 0 ok, 1 warn, 2 critical",
+                             labels=["kind", "relation"])
+    horizon_xids = GaugeMetricFamily(
+        "jobledger_xmin_horizon_age_transactions",
+        "Transactions started since the oldest snapshot, transaction, slot or prepared transaction holding vacuum back")
+    horizon_seconds = GaugeMetricFamily(
+        "jobledger_xmin_horizon_age_seconds", "How long the xmin horizon's oldest holder has held it "
+        "(none when hidden from the reader)")
+    holder = GaugeMetricFamily(
+        "jobledger_xmin_horizon_holder", "1 for the holder of the xmin horizon while its risk is warn or critical",
+        labels=["holder_type", "holder", "application_name"])
+    dead = GaugeMetricFamily("jobledger_dead_rows", "Dead row versions on the ledger's hot tables",
+                             labels=["relation"])
+    for row in risks:
+        risk.add_metric([row.kind, row.relation or ""], SEVERITIES.index(row.severity))
+        if row.kind == "xmin_horizon":
+            horizon_xids.add_metric([], row.value or 0)
+            if row.holder is None:
+                horizon_seconds.add_metric([], 0)
+            elif row.age is not None:
+                horizon_seconds.add_metric([], row.age.total_seconds())
+            if row.holder is not None and row.severity != "ok":
+                holder.add_metric([row.holder_type or "", row.holder, row.application_name or ""], 1)
+        elif row.kind == "dead_rows":
+            dead.add_metric([row.relation or ""], row.value or 0)
+    yield from (risk, horizon_xids, horizon_seconds, holder, dead)
 
 
 class LedgerCollector:

@@ -34,8 +34,11 @@ def metrics(port: int | None, host: str | None, timeout: timedelta, dsn: str) ->
     Metrics: jobledger_up, jobledger_runs_started_total, jobledger_runs_total{status},
     jobledger_runs_running, jobledger_skipped_total{reason}, jobledger_leases_lost_total,
     jobledger_run_duration_seconds{quantile}, jobledger_run_failure_ratio,
-    jobledger_job_overdue, jobledger_consecutive_failures (all by job) and
-    jobledger_alerts{alert}.
+    jobledger_job_overdue, jobledger_consecutive_failures (all by job),
+    jobledger_alerts{alert}, and the database's risks to the ledger (ledger.db_risks):
+    jobledger_db_risk{kind,relation}, jobledger_xmin_horizon_age_transactions,
+    jobledger_xmin_horizon_age_seconds, jobledger_xmin_horizon_holder and
+    jobledger_dead_rows{relation}.
     """
     def open_connection() -> psycopg.Connection[Any]:
         return connect(dsn)
