@@ -120,7 +120,7 @@ INLINED = ["_advice_min_runs", "_advice_min_ttl", "_alert_sync_idle_limit", "_dd
            "_max_every", "_max_health_bound", "_max_instant", "_max_older_than", "_max_pause_after_failures",
            "_max_preview_slots", "_max_schedule_length",
            "_max_ttl", "_min_every",
-           "_min_instant", "_popcount",
+           "_max_fenced", "_min_instant", "_popcount",
            # the thresholds of ledger.db_risks (76_risks.sql)
            "_risk_dead_per_live_critical", "_risk_dead_per_live_warn", "_risk_dead_rows_critical",
            "_risk_dead_rows_warn", "_risk_horizon_critical_age", "_risk_horizon_critical_xids",
