@@ -103,6 +103,15 @@ SELECT {RUN_COLUMNS}
   FROM ledger.complete_run(run_id => %(run_id)s, token => %(token)s, detail => %(detail)s) AS r
 """
 
+# With the resources the run fenced: success only when each fence holds the
+# run's token (docs/contract.md, the safety net). Sent only when the run
+# fenced, so that a client newer than its ledger completes as before.
+COMPLETE_FENCED_RUN = f"""
+SELECT {RUN_COLUMNS}
+  FROM ledger.complete_run(run_id => %(run_id)s, token => %(token)s, detail => %(detail)s,
+                           fenced => %(fenced)s::text[]) AS r
+"""
+
 FAIL_RUN = f"""
 SELECT {RUN_COLUMNS}
   FROM ledger.fail_run(run_id => %(run_id)s, token => %(token)s, error => %(error)s,
