@@ -14,7 +14,6 @@ command line say the same. Only invariants; no duration is asserted.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -27,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ledger.cli import main
 from ledger.metrics import exposition
 from sqlhelp import rows
+from waiting import wait_for
 
 JOBS = 5
 RENEWALS = 2000  # 400 per lease: past the dead rows' warn threshold (1,000 and 10 per live row), under critical
@@ -39,14 +39,12 @@ def risks(conn: psycopg.Connection) -> dict[tuple[str, str | None], dict[str, An
 
 
 def until(conn: psycopg.Connection, check: Callable[[dict[tuple[str, str | None], dict[str, Any]]], bool],
-          seconds: float = 20.0) -> dict[tuple[str, str | None], dict[str, Any]]:
+          seconds: float = 60.0) -> dict[tuple[str, str | None], dict[str, Any]]:
     """The view once ``check`` holds: statistics reach the view a moment after the backend that counted them."""
-    deadline = time.monotonic() + seconds
-    while True:
+    def reached() -> dict[tuple[str, str | None], dict[str, Any]] | None:
         found = risks(conn)
-        if check(found) or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
+        return found if check(found) else None
+    return wait_for(reached, seconds, "ledger.db_risks to show the statistics")
 
 
 def flush(conn: psycopg.Connection) -> None:
@@ -114,9 +112,10 @@ def test_renewals_are_hot_updates(connect, db):
     statistics = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_all_tables WHERE relid = 'ledger.leases'::regclass"
     updates, hot = reader.execute(statistics).fetchone()  # type: ignore[misc]
     renew(db, leases)
-    deadline = time.monotonic() + 20
-    while (now := reader.execute(statistics).fetchone())[0] - updates < RENEWALS and time.monotonic() < deadline:
-        time.sleep(0.05)
+    def counted() -> tuple[int, int] | None:
+        row = reader.execute(statistics).fetchone()
+        return row if row is not None and row[0] - updates >= RENEWALS else None  # type: ignore[return-value]
+    now = wait_for(counted, what="the renewals in pg_stat_all_tables")
     assert now[0] - updates == RENEWALS
     assert now[1] - hot >= 0.9 * RENEWALS
     assert risks(reader)[("dead_rows", "ledger.leases")]["value"] < RENEWALS  # pruned as it went
