@@ -80,7 +80,7 @@ def test_held_snapshot_bench_smoke(pg_server, tmp_path: Path) -> None:  # type: 
     """benchmarks/bench_held_snapshot.py --smoke (2 s per side, 10 leases): it runs, and under the held
     snapshot every renewal left a dead version that only the VACUUM after the snapshot ended removed."""
     if not _pgbench_found() or not shutil.which("psql"):
-        pytest.skip("pgbench and psql are needed (postgresql-client)")
+        pytest.skip("needs pgbench and psql (apt-get install postgresql-client)")
     out = tmp_path / "held.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_held_snapshot.py"), "--smoke", "--json", str(out),
