@@ -7,6 +7,7 @@ this package is a thin layer over them.
 from ledger.aio import AsyncLeaseContext, AsyncLedger, AsyncRunContext, AsyncScheduledJob
 from ledger.client import LeaseContext, Ledger, RunContext, ScheduledJob
 from ledger.errors import (
+    FenceNotCommitted,
     FenceOfAnotherJob,
     InvalidArgument,
     JobNotFound,
@@ -28,6 +29,7 @@ __all__ = [
     "AsyncScheduledJob",
     "Event",
     "EventSettings",
+    "FenceNotCommitted",
     "FenceOfAnotherJob",
     "InvalidArgument",
     "Job",

@@ -80,7 +80,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ledger import connect as connecting
 from ledger import models, queries  # models.Event: in the sync client `Event` is threading's
 from ledger._acompat import Deferred, Event, Lock, defer, in_thread, join, keep_result, wait_event
-from ledger.calls import conninfo_of, end_call, ended_by_us, jsonb, run_start, split_time_left
+from ledger.calls import (conninfo_of, end_call, ended_by_us, fence_failure, fence_not_committed, jsonb,
+                          run_start, split_time_left)
 from ledger.errors import (LeaseLost, LeaseSuperseded, LedgerError, LedgerUnavailable, RunNotRunning,
                            StaleToken, translated)
 from ledger.heartbeat import Deadline, LeaseState, OnLost, Renewal, beat_interval, retry_or_lose, seconds
@@ -416,6 +417,9 @@ class _Holding:
         self._control: _Control | None = None
         self._heartbeat: Heartbeat | None = None
         self._open = False
+        # The resources this context's fence()/advance_fence() calls fenced, in order: a run names them to
+        # complete_run (fenced), which records success only when each fence holds the run's token.
+        self._fenced_resources: dict[str, None] = {}
 
     @property
     def job(self) -> str:
@@ -529,6 +533,7 @@ class _Holding:
             raise self._state.mark_lost("the fence found the token no longer current", error) from error
         except StaleToken as error:
             raise self._state.mark_lost("the fence found a newer token of the job had written", error) from error
+        self._fenced_resources[resource] = None
         return rows[0]
 
     def _require_token(self) -> int:
@@ -607,6 +612,14 @@ class RunContext(_Holding):
     to complete because the lease was lost (LD001, LD003), a normal exit
     raises LeaseLost. ``result`` is the ended run's row. ``detail`` (a dict
     the body may fill) is merged into the run's detail.
+
+    The completion names the resources the run fenced (``fenced``: those of
+    its ``fence``/``advance_fence`` calls, and those given to
+    ``add_fenced``), and the ledger records success only when each fence
+    holds the run's token, that is, when the fenced write committed. When
+    one does not (its transaction rolled back, or a pooler lost its COMMIT),
+    the run is recorded as failure and a normal exit raises
+    FenceNotCommitted (LD007) after that is committed.
     """
 
     def __init__(self, ledger: Ledger, job: str, *, ttl: timedelta | None = None,
@@ -629,6 +642,22 @@ class RunContext(_Holding):
         """The run's log row after exit (None when it did not start or could not end)."""
         self.detail: dict[str, Any] = {}
         """Facts for the run's log row, sent with complete/fail (merged into its detail)."""
+
+    @property
+    def fenced(self) -> tuple[str, ...]:
+        """The resources the completion names to ``complete_run`` (``fenced``), in the order first fenced."""
+        return tuple(self._fenced_resources)
+
+    def add_fenced(self, resource: str) -> None:
+        """Name ``resource`` to the completion as fenced by this run, though this context did not fence it.
+
+        For a write the client cannot see: a table that ``ledger.protect``
+        guards, written through ``transaction()`` (its resource is the
+        table's qualified name, ``public.orders``), or a fence that other
+        code or a child process called with this run's token. The ledger
+        then records success only when that fence holds the run's token.
+        """
+        self._fenced_resources[resource] = None
 
     # The run_start row, flattened.
     @property
@@ -720,7 +749,7 @@ class RunContext(_Holding):
         self._open = False
         lost = self._state.lost_error() if self._stop_heartbeat() else None
         assert self._control is not None
-        query, params = end_call(self.run_id, self.token, exc, error_text, lost, self.detail)
+        query, params = end_call(self.run_id, self.token, exc, error_text, lost, self.detail, self.fenced)
         try:
             self.result = self._record_end(self._control, query, params)
         except (LeaseSuperseded, RunNotRunning) as error:
@@ -743,6 +772,8 @@ class RunContext(_Holding):
             self._close_control()
         if exc is None and lost is not None:
             raise lost
+        if exc is None and self.result is not None and fence_not_committed(self.result) is not None:
+            raise fence_failure(self.result)
 
     def _row_as_ended(self) -> Run | None:
         """The run's row as the ledger left it (None when it cannot be read now)."""
@@ -1132,8 +1163,13 @@ class Ledger:
         expires_at: datetime | None = self._call(queries.HEARTBEAT, params, dict_row)[0]["expires_at"]
         return expires_at
 
-    def complete_run(self, run_id: int, token: int, detail: Mapping[str, Any] | None = None) -> Run:
-        params = {"run_id": run_id, "token": token, "detail": jsonb(detail)}
+    def complete_run(self, run_id: int, token: int, detail: Mapping[str, Any] | None = None,
+                     fenced: Sequence[str] | None = None) -> Run:
+        """``ledger.complete_run``. With ``fenced``, the row is a failure when a fence does not hold the token."""
+        params: dict[str, Any] = {"run_id": run_id, "token": token, "detail": jsonb(detail)}
+        if fenced:
+            params["fenced"] = list(fenced)
+            return self._call(queries.COMPLETE_FENCED_RUN, params, class_row(Run))[0]
         return self._call(queries.COMPLETE_RUN, params, class_row(Run))[0]
 
     def fail_run(self, run_id: int, token: int, error: str, detail: Mapping[str, Any] | None = None) -> Run:

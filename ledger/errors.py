@@ -85,6 +85,25 @@ class FenceOfAnotherJob(LedgerError):
     sqlstate = "LD006"
 
 
+class FenceNotCommitted(LedgerError):
+    """LD007: the run's fenced write did not commit, so the ledger recorded the run as failure, not success.
+
+    ``complete_run`` found a fence the run named (``fenced``) not holding its
+    token: the transaction of the write rolled back, or its COMMIT was lost on
+    the way (a driver behind a transaction pooler). The SQL function warns and
+    commits the failure; the client raises this after that commit. Facts:
+    ``run_id``, ``job``, ``token``, ``resources`` (the fences that do not hold
+    the token), ``fence_tokens`` (``{resource: token or None}``); ``run`` is
+    the failed run's row.
+    """
+
+    sqlstate = "LD007"
+
+    def __init__(self, message: str, facts: dict[str, Any] | None = None, run: Any = None) -> None:
+        super().__init__(message, facts)
+        self.run = run
+
+
 class InvalidArgument(LedgerError, ValueError):
     """22004 (a required argument is NULL) or 22023 (an invalid value)."""
 
@@ -98,6 +117,7 @@ ERRORS: dict[str, type[LedgerError]] = {
     "LD004": RunNotFound,
     "LD005": JobNotFound,
     "LD006": FenceOfAnotherJob,
+    "LD007": FenceNotCommitted,
     "22004": InvalidArgument,
     "22023": InvalidArgument,
 }

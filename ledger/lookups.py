@@ -1,8 +1,8 @@
-"""The read-only queries the command line needs beyond the client: alerts, recent runs, skipped slots.
+"""The read-only queries the command line needs beyond the client: alerts, recent runs, skipped slots, risks.
 
 The statements are in :mod:`ledger.queries`; each function takes an open
 connection and returns plain dicts (the tables and ``--json`` render them as
-they come).
+they come), but ``db_risks`` its typed rows (``ledger.models.DbRisk``).
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 
 from ledger import queries
+from ledger.models import DbRisk
 
 
 def _rows(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -52,3 +53,8 @@ def protected_tables(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
 def verify_state(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
     """The jobs whose stored state differs from the log's (``ledger.verify_state``; reads the whole log)."""
     return _rows(conn, queries.VERIFY_STATE, {})
+def db_risks(conn: psycopg.Connection[Any]) -> list[DbRisk]:
+    """Every row of ``ledger.db_risks``, the xmin horizon first."""
+    with conn.cursor(row_factory=class_row(DbRisk)) as cur:
+        cur.execute(queries.DB_RISKS)
+        return cur.fetchall()

@@ -4,11 +4,11 @@ A custom collector (no state in the process: the counters live in the
 database, so any number of exporters agree and a restart loses nothing). Each
 scrape opens a connection (or takes one from a pool: the dashboard's), reads
 each job's state row (``ledger._job_state``, what ``ledger.job_status`` and
-``ledger.job_health`` show) and the alerts grouped by kind, in one read-only
-transaction as ``ledger_reader`` (see
-:func:`ledger.readonly.read_only_transaction`), and closes it (or gives it
-back). Nothing it reads per job grows with the log: a scrape costs
-microseconds per job.
+``ledger.job_health`` show), the alerts grouped by kind and the database's
+risks to the ledger (``ledger.db_risks``), in one read-only transaction as
+``ledger_reader`` (see :func:`ledger.readonly.read_only_transaction`), and
+closes it (or gives it back). Nothing it reads per job grows with the log: a
+scrape costs microseconds per job.
 
 Metrics (labels in braces):
 
@@ -41,6 +41,18 @@ Metrics (labels in braces):
   and ``jobledger_run_running_seconds{job}``: how long its live run has run
   (none without one): the alert rules compare them (a run past its ttl).
 - ``jobledger_alerts{alert}``: live rows of ``ledger.alerts`` per kind.
+- ``jobledger_db_risk{kind,relation}``: each row of ``ledger.db_risks`` by
+  its severity, 0 ``ok``, 1 ``warn``, 2 ``critical``: ``xmin_horizon``
+  (``relation=""``), ``dead_rows`` and ``autovacuum_lag`` per hot table.
+- ``jobledger_xmin_horizon_age_transactions``: transactions started since
+  the oldest snapshot, transaction, slot or prepared transaction that holds
+  vacuum back (0: none), and ``jobledger_xmin_horizon_age_seconds``: for how
+  long (none when the reader may not see it: ``pg_read_all_stats``).
+- ``jobledger_xmin_horizon_holder{holder_type,holder,application_name}``: 1,
+  only while the horizon's risk is ``warn`` or ``critical``: who holds it (a
+  pid, a slot or a prepared transaction's gid). Not a label of the gauges
+  above, so that short transactions do not make a new series per scrape.
+- ``jobledger_dead_rows{relation}``: dead row versions on each hot table.
 - With ``audit`` (``jobledger metrics --audit``), the two audits, which read
   the log rather than the state rows: ``jobledger_state_differences``, the
   jobs whose stored state differs from the log's (``ledger.verify_state``),
@@ -72,6 +84,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ledger import queries
+from ledger.models import SEVERITIES, DbRisk
 from ledger.readonly import read_only_transaction
 
 __all__ = [
@@ -127,6 +140,7 @@ class Snapshot:
     alerts: dict[str, int] = field(default_factory=dict)
     state_differences: int | None = None
     duplicates: int | None = None
+    risks: list[DbRisk] = field(default_factory=list)
 
 
 def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TIMEOUT, *,
@@ -141,10 +155,13 @@ def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TI
     with read_only_transaction(conn, timeout) as cur:
         jobs = [JobRow(*row) for row in cur.execute(queries.METRIC_JOBS, prepare=False).fetchall()]
         alerts = {str(r[0]): int(r[1]) for r in cur.execute(queries.ALERT_COUNTS, prepare=False).fetchall()}
+        cur.execute(queries.DB_RISKS, prepare=False)
+        names = [column.name for column in cur.description or []]
+        risks = [DbRisk(**dict(zip(names, row))) for row in cur.fetchall()]
         if audit:
             differences = _count(cur.execute(queries.STATE_DIFFERENCES, prepare=False).fetchone())
             duplicates = _count(cur.execute(queries.DUPLICATE_COUNT, prepare=False).fetchone())
-    return Snapshot(jobs, alerts, differences, duplicates)
+    return Snapshot(jobs, alerts, differences, duplicates, risks)
 
 
 def _count(row: tuple[Any, ...] | None) -> int:
@@ -198,7 +215,39 @@ def samples(snapshot: Snapshot) -> list[Family]:
         by_job.append(("jobledger_duplicates", "gauge", "Slots and idempotency keys that succeeded twice, over each "
                        "job's newest 1,000 successes (ledger.duplicates; always 0 when the ledger holds)", (),
                        [((), snapshot.duplicates)]))
-    return by_job
+    return by_job + _risk_samples(snapshot.risks)
+
+
+def _risk_samples(risks: Iterable[DbRisk]) -> list[Family]:
+    """The families of ``ledger.db_risks``' rows (a few rows, whatever the number of jobs)."""
+    risk: list[tuple[tuple[str, ...], float]] = []
+    horizon_xids: list[tuple[tuple[str, ...], float]] = []
+    horizon_seconds: list[tuple[tuple[str, ...], float]] = []
+    holder: list[tuple[tuple[str, ...], float]] = []
+    dead: list[tuple[tuple[str, ...], float]] = []
+    for row in risks:
+        risk.append(((row.kind, row.relation or ""), SEVERITIES.index(row.severity)))
+        if row.kind == "xmin_horizon":
+            horizon_xids.append(((), row.value or 0))
+            if row.holder is None:
+                horizon_seconds.append(((), 0))
+            elif row.age is not None:
+                horizon_seconds.append(((), row.age.total_seconds()))
+            if row.holder is not None and row.severity != "ok":
+                holder.append(((row.holder_type or "", row.holder, row.application_name or ""), 1))
+        elif row.kind == "dead_rows":
+            dead.append(((row.relation or "",), row.value or 0))
+    return [
+        ("jobledger_db_risk", "gauge", "ledger.db_risks by severity: 0 ok, 1 warn, 2 critical",
+         ("kind", "relation"), risk),
+        ("jobledger_xmin_horizon_age_transactions", "gauge", "Transactions started since the oldest snapshot, "
+         "transaction, slot or prepared transaction holding vacuum back", (), horizon_xids),
+        ("jobledger_xmin_horizon_age_seconds", "gauge", "How long the xmin horizon's oldest holder has held it "
+         "(none when hidden from the reader)", (), horizon_seconds),
+        ("jobledger_xmin_horizon_holder", "gauge", "1 for the holder of the xmin horizon while its risk is warn "
+         "or critical", ("holder_type", "holder", "application_name"), holder),
+        ("jobledger_dead_rows", "gauge", "Dead row versions on the ledger's hot tables", ("relation",), dead),
+    ]
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:

@@ -151,3 +151,37 @@ class EventSettings:
     retention: timedelta
     max_events: int
     updated_at: datetime
+
+
+RiskKind = Literal["xmin_horizon", "dead_rows", "autovacuum_lag"]
+Severity = Literal["ok", "warn", "critical"]
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)
+"""``ledger.db_risks.severity``, mildest first (the metric's 0, 1, 2)."""
+
+
+@dataclass(frozen=True)
+class DbRisk:
+    """A row of ``ledger.db_risks``: one risk the database runs for the ledger's hot rows.
+
+    ``value`` is in ``unit``: transactions (``xmin_horizon``), rows
+    (``dead_rows``), seconds since the last vacuum (``autovacuum_lag``). The
+    holder columns are the xmin horizon's oldest holder (a backend, a
+    replication slot or a prepared transaction); a reader without
+    ``pg_read_all_stats`` sees no ``state``, ``xact_start`` nor ``age`` of
+    other roles' backends (docs/contract.md, Database risks).
+    """
+
+    kind: RiskKind
+    relation: str | None
+    severity: Severity
+    value: int | None
+    unit: str
+    age: timedelta | None
+    holder_type: str | None
+    holder: str | None
+    pid: int | None
+    application_name: str | None
+    state: str | None
+    xact_start: datetime | None
+    message: str
+    detail: dict[str, Any]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from ledger.models import Event, EventSettings, Job, JobStatus, Run
+from ledger.models import DbRisk, Event, EventSettings, Job, JobStatus, Run
 
 
 def _columns(row: type, alias: str) -> str:
@@ -31,6 +31,7 @@ JOB_COLUMNS = _columns(Job, "j")
 JOB_STATUS_COLUMNS = _columns(JobStatus, "js")
 EVENT_COLUMNS = _columns(Event, "e")
 EVENT_SETTINGS_COLUMNS = _columns(EventSettings, "s")
+DB_RISK_COLUMNS = _columns(DbRisk, "r")
 
 # -- leases -----------------------------------------------------------------
 
@@ -100,6 +101,15 @@ SELECT e AS expires_at, e - clock_timestamp() AS time_left,
 COMPLETE_RUN = f"""
 SELECT {RUN_COLUMNS}
   FROM ledger.complete_run(run_id => %(run_id)s, token => %(token)s, detail => %(detail)s) AS r
+"""
+
+# With the resources the run fenced: success only when each fence holds the
+# run's token (docs/contract.md, the safety net). Sent only when the run
+# fenced, so that a client newer than its ledger completes as before.
+COMPLETE_FENCED_RUN = f"""
+SELECT {RUN_COLUMNS}
+  FROM ledger.complete_run(run_id => %(run_id)s, token => %(token)s, detail => %(detail)s,
+                           fenced => %(fenced)s::text[]) AS r
 """
 
 FAIL_RUN = f"""
@@ -356,6 +366,14 @@ SELECT (SELECT count(*) FROM (SELECT FROM recent WHERE recent.slot IS NOT NULL
                                GROUP BY recent.job, recent.slot HAVING count(*) > 1) AS s)
      + (SELECT count(*) FROM (SELECT FROM recent WHERE recent.idempotency_key IS NOT NULL
                                GROUP BY recent.job, recent.idempotency_key HAVING count(*) > 1) AS k)
+"""
+
+# The database's risks to the ledger (ledger.db_risks: the xmin horizon, dead rows and
+# autovacuum lag on the hot tables), the horizon first: `jobledger metrics` and `jobledger risks`.
+DB_RISKS = f"""
+SELECT {DB_RISK_COLUMNS}
+  FROM ledger.db_risks AS r
+ ORDER BY array_position(ARRAY['xmin_horizon', 'dead_rows', 'autovacuum_lag'], r.kind), r.relation
 """
 
 # -- the CLI ----------------------------------------------------------------

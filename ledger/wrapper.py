@@ -38,6 +38,14 @@ ttl/3), and ends the run with CMD's verdict.
   attempts the wrapper waits B, doubled after each attempt, at most
   :data:`ledger._backoff.BACKOFF_CAP` (or B when longer); a signal then ends the retries.
 - CMD's stderr passes through; its tail (bounded) goes into the run's error.
+- The safety net for a write that did not commit (docs/contract.md): the
+  completion names the resources CMD fenced, those of ``--fenced`` and those
+  CMD wrote into the file ``LEDGER_FENCED_FILE`` names (one per line; the
+  wrapper removes the file after the run), and the ledger records success only
+  when each fence holds the run's token. When one does not, the run is
+  recorded as failure and the wrapper exits 122. The wrapper fences nothing
+  itself and cannot see CMD's writes: a resource named in neither place is
+  not checked.
 
 Exit codes are in :data:`EXIT_CODES` (and the README).
 """
@@ -50,6 +58,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -64,10 +73,11 @@ from ledger import queries
 from ledger._backoff import BACKOFF_CAP, backoff_delay  # noqa: F401 - BACKOFF_CAP: kept importable here
 from ledger.client import Ledger, RunContext
 from ledger.durations import format_duration
-from ledger.errors import InvalidArgument, LeaseLost, LedgerError, missing_ledger
+from ledger.errors import FenceNotCommitted, InvalidArgument, LeaseLost, LedgerError, missing_ledger
 from ledger.heartbeat import LOST_REASONS
 from ledger.text import first_line
 
+EXIT_FENCE_NOT_COMMITTED = 122
 EXIT_TIMEOUT = 123
 EXIT_LEASE_LOST = 124
 EXIT_LEDGER_ERROR = 125
@@ -77,7 +87,10 @@ EXIT_NOT_FOUND = 127
 EXIT_CODES: dict[str, str] = {
     "0": "CMD succeeded (every due slot, for a scheduled job); or nothing ran: nothing due, job paused, "
          "or held by another owner (`skipped: held by ...`, see --skip-exit-code)",
-    "1-122": "CMD's own exit code: it failed, the run is recorded as failure with its stderr tail",
+    "1-121": "CMD's own exit code: it failed, the run is recorded as failure with its stderr tail",
+    "122": "CMD exited 0, but a fence it named (--fenced, LEDGER_FENCED_FILE) does not hold the run's token: "
+           "its fenced write did not commit, and the run is recorded as failure (`fence not committed: ...`); "
+           "or LEDGER_FENCED_FILE named no valid resource",
     "123": "--timeout: CMD ran longer and was stopped (SIGTERM, SIGKILL after --grace); "
            "the run is recorded as failure, `timeout: ran longer than ...`",
     "124": "the lease was lost while CMD ran, or an operator cancelled the run (jobledger cancel): CMD was "
@@ -110,6 +123,7 @@ class Options:
     backoff: timedelta = timedelta(seconds=30)  # the wait before the first retry, doubled each time
     backfill: tuple[datetime, datetime] | None = None  # `jobledger backfill`: the slots of this range
     pgoptions: bool = False  # CMD's libpq sessions carry the token too (PGOPTIONS): protected tables accept them
+    fenced: tuple[str, ...] = ()  # resources CMD fences: complete_run records success only when each holds the token
 
 
 def carried_options(pgoptions: str, job: str, token: int | None) -> str:
@@ -332,6 +346,7 @@ class Wrapper:
         self._signals = Signals()
         self._max_runtime: timedelta | None = None  # the job's registered max_runtime, read by _loop
         self._group: int | None = None  # CMD's process group while it runs (the reaper's pid, or CMD's)
+        self._fenced_file: str | None = None  # LEDGER_FENCED_FILE of the attempt that runs
 
     def run(self) -> int:
         with self._signals:
@@ -396,7 +411,17 @@ class Wrapper:
                 if not run.started:
                     return None
                 self._report_start(run)
-                ending = self._execute(run)
+                for resource in self._options.fenced:
+                    run.add_fenced(resource)
+                descriptor, self._fenced_file = tempfile.mkstemp(prefix="jobledger-fenced-")
+                os.close(descriptor)
+                try:
+                    ending = self._execute(run)
+                    if not ending.failed:
+                        self._add_reported_fences(run, ending)
+                finally:
+                    os.unlink(self._fenced_file)
+                    self._fenced_file = None
                 run.detail.update(ending.detail)
                 if self._options.retries:
                     run.detail["attempt"] = attempt
@@ -407,9 +432,35 @@ class Wrapper:
                     raise CommandFailed(ending.error)
         except (Cancelled, CommandFailed):
             assert ending is not None
+        except FenceNotCommitted as error:  # CMD succeeded, its fenced write did not commit: the run failed
+            assert ending is not None
+            ending.code, ending.error = EXIT_FENCE_NOT_COMMITTED, str(error)
         assert ending is not None
         self._report_end(run, ending)
         return ending
+
+    def _add_reported_fences(self, run: RunContext, ending: _Ending) -> None:
+        """The resources CMD wrote into LEDGER_FENCED_FILE, named to the completion; a bad line fails the run."""
+        assert self._fenced_file is not None
+        with open(self._fenced_file, "rb") as file:
+            text = file.read(FENCED_FILE_BYTES + 1)
+        if len(text) > FENCED_FILE_BYTES:
+            ending.code = EXIT_FENCE_NOT_COMMITTED
+            ending.error = f"LEDGER_FENCED_FILE holds more than {FENCED_FILE_BYTES} bytes"
+            return
+        for number, line in enumerate(text.decode("utf-8", errors="replace").splitlines(), 1):
+            resource = line.strip()
+            if not resource:
+                continue
+            if len(resource) > 200 or not resource.isprintable():
+                ending.code = EXIT_FENCE_NOT_COMMITTED
+                ending.error = (f"LEDGER_FENCED_FILE line {number} names no valid resource "
+                                f"(1 to 200 printable characters): {resource[:200]!r}")
+                return
+            run.add_fenced(resource)
+        if len(run.fenced) > MAX_FENCED:
+            ending.code = EXIT_FENCE_NOT_COMMITTED
+            ending.error = f"{len(run.fenced)} fenced resources named, more than the {MAX_FENCED} complete_run takes"
 
     @staticmethod
     def _failure_code(ending: _Ending) -> int:
@@ -477,6 +528,8 @@ class Wrapper:
             env["LEDGER_DSN"] = self._options.dsn
         if self._options.pgoptions:
             env["PGOPTIONS"] = carried_options(env.get("PGOPTIONS", ""), run.job, run.token)
+        if self._fenced_file is not None:
+            env["LEDGER_FENCED_FILE"] = self._fenced_file
         return env
 
     def _execute(self, run: RunContext) -> _Ending:
@@ -625,6 +678,10 @@ class Wrapper:
         summary = first_line(ending.error) if ending.error else (result.error or "")
         verdict = "cancelled" if result.failure_reason == "cancelled" else f"failed ({result.failure_reason})"
         self._say(f"run {result.run_id} {verdict}: {summary}")
+
+
+MAX_FENCED = 100  # ledger._max_fenced()
+FENCED_FILE_BYTES = 64 * 1024  # read of LEDGER_FENCED_FILE: complete_run takes at most 100 resources
 
 
 def _cancelled(run: RunContext) -> bool:

@@ -35,6 +35,13 @@ CREATE FUNCTION ledger._max_backfill() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1000 $$;
 
+-- The most resources one complete_run names in fenced: each is looked up in
+-- ledger.fences, and the ones that do not hold the run's token go into the
+-- run's detail, which must stay within _max_detail_bytes.
+CREATE FUNCTION ledger._max_fenced() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 100 $$;
+
 -- The most slots one schedule preview lists (next_slots, preview_slots).
 CREATE FUNCTION ledger._max_preview_slots() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE

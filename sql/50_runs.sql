@@ -427,19 +427,102 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION ledger.complete_run(run_id bigint, token bigint, detail jsonb DEFAULT NULL)
+-- fenced names the resources the run's writes fenced (ledger.fence,
+-- advance_fence, a protected table): the ledger's safety net for a write that
+-- did not commit. A driver can lose a COMMIT without an error (pgjdbc behind a
+-- transaction pooler ran another client's ROLLBACK under the name of its
+-- COMMIT, docs/sql-clients.md); then neither the write nor its fence exists,
+-- and a success recorded now would be a lie. A fence that does not hold this
+-- run's token is such a write (the first fence of a resource inserts its row,
+-- so an unknown resource is one too): the run is recorded as failure instead,
+-- and the call still commits and returns the row, with a WARNING of SQLSTATE
+-- LD007. It cannot raise: the error would roll back the failure it records,
+-- and the run would stay running until its lease expired, its lost write
+-- reported as nothing more than a lost lease.
+CREATE FUNCTION ledger.complete_run(run_id bigint, token bigint, detail jsonb DEFAULT NULL,
+                                    fenced text[] DEFAULT NULL)
 RETURNS ledger.job_execution_log
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_run      ledger.job_execution_log;
+    v_resource text;
+    v_missing  jsonb := '[]'::jsonb;
+    v_held     jsonb := '{}'::jsonb;
+    v_fence    ledger.fences;
 BEGIN
-    RETURN ledger._end_run(run_id, token, 'success', NULL, NULL, detail);
+    IF fenced IS NULL OR cardinality(fenced) = 0 THEN
+        RETURN ledger._end_run(run_id, token, 'success', NULL, NULL, detail);
+    END IF;
+    IF array_ndims(fenced) > 1 OR cardinality(fenced) > ledger._max_fenced() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument fenced must be a list of at most %s resources', ledger._max_fenced()),
+            DETAIL = jsonb_build_object('argument', 'fenced', 'count', cardinality(fenced),
+                                        'dimensions', array_ndims(fenced), 'max', ledger._max_fenced())::text;
+    END IF;
+    -- A NULL element is an invalid value of a list that is not NULL: 22023.
+    IF array_position(fenced, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument fenced must not contain null (element %s)', array_position(fenced, NULL)),
+            DETAIL = jsonb_build_object('argument', 'fenced', 'element', array_position(fenced, NULL))::text;
+    END IF;
+    FOREACH v_resource IN ARRAY fenced LOOP
+        PERFORM ledger._check_label(v_resource, 'fenced');
+    END LOOP;
+    IF detail IS NOT NULL THEN
+        PERFORM ledger._check_detail(detail);
+    END IF;
+    -- The run's own token is checked by _end_run (LD004, LD001, LD003, in
+    -- that order, before anything is written): a run that is not this
+    -- caller's to end is answered as without fenced.
+    SELECT * INTO v_run FROM ledger.job_execution_log r
+     WHERE r.run_id = complete_run.run_id AND r.token = complete_run.token AND r.status = 'running';
+    IF FOUND THEN
+        FOR v_resource IN SELECT DISTINCT u.resource FROM unnest(fenced) AS u(resource) ORDER BY 1 LOOP
+            -- What has committed (or this transaction wrote): a fenced write
+            -- still in flight on another connection is not committed yet.
+            SELECT * INTO v_fence FROM ledger.fences f WHERE f.resource = v_resource;
+            IF FOUND AND v_fence.job <> v_run.job THEN
+                PERFORM ledger._raise('LD006',
+                    format('fence of another job: resource %s belongs to job %s, not %s',
+                           v_resource, v_fence.job, v_run.job),
+                    jsonb_build_object('resource', v_resource, 'job', v_run.job, 'bound_job', v_fence.job,
+                                       'token', v_run.token, 'argument', 'fenced'));
+            END IF;
+            IF NOT FOUND OR v_fence.token <> v_run.token THEN
+                v_missing := v_missing || to_jsonb(v_resource);
+                v_held := v_held || jsonb_build_object(v_resource, v_fence.token);
+            END IF;
+        END LOOP;
+    END IF;
+    IF jsonb_array_length(v_missing) = 0 THEN
+        RETURN ledger._end_run(run_id, token, 'success', NULL, NULL, detail);
+    END IF;
+    v_run := ledger._end_run(run_id, token, 'failure', 'error',
+        format('fence not committed: %s', (
+            SELECT string_agg(format('%s holds %s', m.resource,
+                                     coalesce('token ' || (v_held ->> m.resource), 'no token')), ', ')
+              FROM jsonb_array_elements_text(v_missing) AS m(resource)))
+        || format(', not the run''s token %s: the fenced write did not commit (a rolled back or lost COMMIT)',
+                  token),
+        coalesce(detail, '{}'::jsonb) || jsonb_build_object('fence_not_committed', v_missing,
+                                                            'fence_tokens', v_held));
+    RAISE WARNING USING ERRCODE = 'LD007',
+        MESSAGE = format('fence not committed: run %s of job %s is recorded as failure, not success: '
+                         'the fence of %s does not hold its token %s',
+                         v_run.run_id, v_run.job,
+                         (SELECT string_agg(m.resource, ', ') FROM jsonb_array_elements_text(v_missing) AS m(resource)),
+                         token),
+        DETAIL = jsonb_build_object('run_id', v_run.run_id, 'job', v_run.job, 'token', v_run.token,
+                                    'resources', v_missing, 'fence_tokens', v_held)::text;
+    RETURN v_run;
 END
 $$;
-COMMENT ON FUNCTION ledger.complete_run(bigint, bigint, jsonb) IS
-    'End the run as success and release its lease';
+COMMENT ON FUNCTION ledger.complete_run(bigint, bigint, jsonb, text[]) IS
+    'End the run as success and release its lease; as failure (warning LD007) when a fence named in fenced does not hold its token';
 
 CREATE FUNCTION ledger.fail_run(run_id bigint, token bigint, error text, detail jsonb DEFAULT NULL)
 RETURNS ledger.job_execution_log

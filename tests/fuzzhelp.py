@@ -64,6 +64,7 @@ TYPE_NAMES = {
     "jsonb": "jsonb",
     "boolean": "boolean",
     "regclass": "regclass",
+    "text[]": "text[]",
 }
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -92,7 +93,7 @@ class Signature:
 
 
 def _strip_cast(default: str) -> str:
-    return re.sub(r"::[a-z][a-z ]*$", "", default.strip())
+    return re.sub(r"::[a-z][a-z ]*(\[\])?$", "", default.strip())
 
 
 def signatures(conn: psycopg.Connection, schema: str) -> dict[str, Signature]:
@@ -569,6 +570,9 @@ def strategy_for(arg: Arg, live: Live) -> st.SearchStrategy[Any]:
         return commands()
     if key == ("table_name", "regclass"):
         return tables()
+    if key == ("fenced", "text[]"):  # complete_run: the resources the run fenced
+        return st.one_of(st.none(), st.just([]), st.lists(labels(live.resources), max_size=3),
+                         st.integers(99, 102).map(lambda n: [f"r{i}" for i in range(n)]))
     if key == ("mode", "text"):
         return st.one_of(st.none(), st.sampled_from(["lenient", "strict", "", "Strict", "lenient ", "none"]), texts())
     if key in {("with_history", "boolean"), ("run_events", "boolean"), ("notify", "boolean")}:
@@ -628,6 +632,7 @@ def friendly(live: Live) -> dict[str, st.SearchStrategy[Any]]:
         "command": known(GOOD_COMMANDS),
         "table_name": known(["fuzz_protect.target"]),
         "mode": known(["lenient", "strict"]),
+        "fenced": st.one_of(st.none(), st.just([]), st.lists(known(live.resources, "fz-r"), max_size=2)),
     }
 
 
@@ -762,6 +767,7 @@ FACT_SQL = {
     "text": "%s::text IS NULL",
     "boolean": "%s::boolean",
     "regclass": "%s::regclass IS NULL",
+    "text[]": "%s::text[] IS NULL",  # its elements are judged in Python (label_problem)
 }
 
 
@@ -846,6 +852,13 @@ def bound_violations(call: Call, facts: dict[str, Any]) -> list[str]:
             why = label_problem(value)
             if why:
                 problems.append(f"label {arg.name} {why}")
+        elif arg.type == "text[]" and arg.name == "fenced":
+            if len(value) > 100:
+                problems.append(f"fenced has {len(value)} resources (more than 100)")
+            for i, element in enumerate(value, 1):
+                why = "is NULL" if element is None else label_problem(element)
+                if why:
+                    problems.append(f"fenced element {i} {why}")
         elif arg.type == "bigint" and arg.name in {"token", "run_id", "from_run_id"} and fact <= 0:
             problems.append(f"{arg.name} {fact} is not positive")
         elif arg.type == "interval" and arg.name in DURATION_BOUNDS and fact is None:

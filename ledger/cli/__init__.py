@@ -6,6 +6,7 @@ group of commands:
 - ``ledger.cli.install``: ``install``, ``uninstall``, ``sql``, ``where``;
 - ``ledger.cli.jobs``: ``register``, ``pause``, ``resume``, ``purge``, ``reap``;
 - ``ledger.cli.status``: ``status``, ``runs`` (the tables: ``ledger.render``);
+- ``ledger.cli.risks``: ``risks``, what the database does to the ledger (``ledger.db_risks``);
 - ``ledger.cli.next``: ``next``, a schedule's next slots (``ledger.next_slots``, ``ledger.preview_slots``);
 - ``ledger.cli.events``: ``events``, ``watch``, ``configure-events`` (``ledger.events``, ``ledger.tail``);
 - ``ledger.cli.notify``: ``notify``, alert events to a webhook (``ledger.tail``, ``ledger.webhook``);
@@ -37,7 +38,7 @@ import sys
 import click
 
 from ledger import __version__
-from ledger.cli import demo, events, install, jobs, metrics, notify, protect, report, run, status, verify, web
+from ledger.cli import demo, events, install, jobs, metrics, notify, protect, report, risks, run, status, verify, web
 from ledger.cli import next as preview  # not `next`: the builtin
 from ledger.cli._output import Commands
 
@@ -62,6 +63,6 @@ def main() -> None:
         log.propagate = False
 
 
-for _module in (install, jobs, status, preview, events, notify, run, protect, report, metrics, web, demo, verify):
+for _module in (install, jobs, status, risks, preview, events, notify, run, protect, report, metrics, web, demo, verify):
     for _command in _module.COMMANDS:
         main.add_command(_command)

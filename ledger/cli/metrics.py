@@ -39,7 +39,10 @@ def metrics(port: int | None, host: str | None, timeout: timedelta, audit: bool,
     jobledger_skipped_total{reason}, jobledger_leases_lost_total,
     jobledger_run_duration_seconds{quantile="1"}, jobledger_last_success_duration_seconds,
     jobledger_run_failure_ratio, jobledger_consecutive_failures, jobledger_job_ttl_seconds,
-    jobledger_run_running_seconds (all by job) and jobledger_alerts{alert}; with --audit,
+    jobledger_run_running_seconds (all by job) and jobledger_alerts{alert}; the database's
+    risks to the ledger (ledger.db_risks): jobledger_db_risk{kind,relation},
+    jobledger_xmin_horizon_age_transactions, jobledger_xmin_horizon_age_seconds,
+    jobledger_xmin_horizon_holder and jobledger_dead_rows{relation}; with --audit,
     jobledger_state_differences and jobledger_duplicates.
     """
     def open_connection() -> psycopg.Connection[Any]:

@@ -94,12 +94,16 @@ class _RunCommand(click.Command):
               help="Also put `-c ledger.job=JOB -c ledger.token=N` into CMD's PGOPTIONS, so that its psql (any "
                    "libpq client) writes tables protected with `jobledger protect`. Not through PgBouncer, which "
                    "refuses `options`.")
+@click.option("--fenced", "fenced", multiple=True, metavar="RESOURCE",
+              help="A resource CMD fences (repeatable; a protected table: its name, public.orders): the run is "
+                   "a success only when the resource's fence holds the run's token, else a failure, exit 122. "
+                   "CMD may also write resources into the file $LEDGER_FENCED_FILE, one per line.")
 @click.option("-v", "--verbose", is_flag=True, help="Say when each run starts and ends (on stderr).")
 @unresolved_dsn_option
 @click.pass_context
 def run(ctx: click.Context, job: str, command: tuple[str, ...], ttl: timedelta | None, owner: str | None,
         grace: timedelta, skip_exit_code: int, timeout: timedelta | None, retries: int, backoff: timedelta,
-        pgoptions: bool, verbose: bool, dsn: str | None) -> None:
+        pgoptions: bool, fenced: tuple[str, ...], verbose: bool, dsn: str | None) -> None:
     """Run CMD as a run of JOB: at most one at a time across hosts, logged, fenced.
 
     For a job with a schedule (`jobledger register`), runs CMD once per due slot
@@ -110,7 +114,9 @@ def run(ctx: click.Context, job: str, command: tuple[str, ...], ttl: timedelta |
     <LEDGER_FENCING_TOKEN>)` (e.g. psql -v job="$LEDGER_JOB" -v
     token="$LEDGER_FENCING_TOKEN", then :'job' and :token; see the README).
     With --pgoptions, CMD's psql carries the token itself (PGOPTIONS), which
-    is all a table protected with `jobledger protect` asks.
+    is all a table protected with `jobledger protect` asks. Name what CMD
+    fences with --fenced (or in $LEDGER_FENCED_FILE): a run whose fenced
+    write did not commit (a rolled back or lost COMMIT) is then a failure.
     The lease is renewed every ttl/3; if it
     is lost, CMD gets SIGTERM, then SIGKILL after --grace. SIGTERM/SIGINT/SIGHUP
     are forwarded to CMD and the run is recorded `cancelled`. --timeout stops
@@ -131,7 +137,7 @@ def run(ctx: click.Context, job: str, command: tuple[str, ...], ttl: timedelta |
         ctx.exit(EXIT_LEDGER_ERROR)
     options = Options(job=job, argv=command, ttl=ttl, grace=grace, skip_exit_code=skip_exit_code,
                       verbose=verbose, dsn=target.dsn, timeout=timeout, retries=retries, backoff=backoff,
-                      pgoptions=pgoptions)
+                      pgoptions=pgoptions, fenced=fenced)
     with conn:
         code = Wrapper(conn, options, owner=owner, say=say).run()
     ctx.exit(code)
@@ -166,12 +172,16 @@ def _wrap(ctx: click.Context, dsn: str | None, owner: str | None, options: Optio
               help="After SIGTERM (lease lost, or forwarded), wait this long before SIGKILL.")
 @click.option("--timeout", type=DURATION, default=None,
               help="Stop CMD once it has run this long (as `jobledger run --timeout`).")
+@click.option("--fenced", "fenced", multiple=True, metavar="RESOURCE",
+              help="A resource CMD fences (repeatable; a protected table: its name, public.orders): the run is "
+                   "a success only when the resource's fence holds the run's token, else a failure, exit 122. "
+                   "CMD may also write resources into the file $LEDGER_FENCED_FILE, one per line.")
 @click.option("-v", "--verbose", is_flag=True, help="Say when each run starts and ends (on stderr).")
 @unresolved_dsn_option
 @click.pass_context
 def backfill(ctx: click.Context, job: str, command: tuple[str, ...], from_slot: datetime, to_slot: datetime,
              ttl: timedelta | None, owner: str | None, grace: timedelta, timeout: timedelta | None,
-             verbose: bool, dsn: str | None) -> None:
+             fenced: tuple[str, ...], verbose: bool, dsn: str | None) -> None:
     """Run CMD once for each slot of JOB from --from to --to that has not succeeded, oldest first
     (`ledger.backfill`), under the lease as `jobledger run` does (same environment, heartbeats,
     fencing, exit codes). A slot that succeeded, also before a purge, is never run again; the
@@ -180,7 +190,7 @@ def backfill(ctx: click.Context, job: str, command: tuple[str, ...], from_slot: 
     `jobledger backfill nightly --from 2026-03-01 --to 2026-03-07 -- ./nightly.sh`
     """
     _wrap(ctx, dsn, owner, Options(job=job, argv=command, ttl=ttl, grace=grace, verbose=verbose,
-                                   timeout=timeout, backfill=(from_slot, to_slot)))
+                                   timeout=timeout, backfill=(from_slot, to_slot), fenced=fenced))
 
 
 COMMANDS = (run, backfill)

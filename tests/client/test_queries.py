@@ -21,7 +21,7 @@ from psycopg.sql import SQL, Identifier
 
 import ledger
 from ledger import queries
-from ledger.models import Event, EventSettings, Job, JobStatus, Lease, Run, RunStart
+from ledger.models import DbRisk, Event, EventSettings, Job, JobStatus, Lease, Run, RunStart
 
 # dataclass -> the relation or composite type it is a row of (docs/contract.md)
 ROWS = {
@@ -32,6 +32,7 @@ ROWS = {
     RunStart: "ledger.run_start",
     Event: "ledger.events",
     EventSettings: "ledger.event_settings",
+    DbRisk: "ledger.db_risks",
 }
 
 # Columns of a relation that no typed row carries: the evaluator's compiled schedule, the

@@ -78,3 +78,24 @@ def test_bench_smoke(pg_server, tmp_path: Path) -> None:  # type: ignore[no-unty
     # The section it would write, rendered, and nothing written into the repository.
     assert "| operation | clients | raw floor (tps)" in done.stdout
     assert [_digest(p) for p in untouched] == before
+
+
+def test_held_snapshot_bench_smoke(pg_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """benchmarks/bench_held_snapshot.py --smoke (2 s per side, 10 leases): it runs, and under the held
+    snapshot every renewal left a dead version that only the VACUUM after the snapshot ended removed."""
+    if not _pgbench_found() or not shutil.which("psql"):
+        pytest.skip("needs pgbench and psql (apt-get install postgresql-client)")
+    out = tmp_path / "held.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_held_snapshot.py"), "--smoke", "--json", str(out),
+         "--dsn", pg_server.dsn("postgres")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    sides = {side["side"]: side for side in json.loads(out.read_text())["sides"]}
+    assert set(sides) == {"none", "held"}
+    for side in sides.values():
+        assert side["transactions"] > 0 and side["tps"] > 0 and side["p50_ms"] > 0
+    held = sides["held"]
+    assert held["n_dead_tup"] >= held["transactions"]
+    assert held["n_dead_tup_after_vacuum"] < held["n_dead_tup"]
+    assert "| snapshot | tps |" in done.stdout

@@ -68,6 +68,7 @@ def test_the_reader_role_reads_but_cannot_call_the_api(db):
     db.execute("SET ROLE ledger_reader")
     assert value(db, "SELECT count(*) FROM ledger.leases") == 1
     assert value(db, "SELECT count(*) FROM ledger.overlaps") == 0
+    assert value(db, "SELECT count(*) FROM ledger.db_risks WHERE kind = 'xmin_horizon'") == 1
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         db.execute("SELECT ledger.acquire('nightly', 'host-2', '1 hour')")
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -119,7 +120,11 @@ INLINED = ["_advice_min_runs", "_advice_min_ttl", "_alert_sync_idle_limit", "_dd
            "_max_every", "_max_health_bound", "_max_instant", "_max_older_than", "_max_pause_after_failures",
            "_max_preview_slots", "_max_schedule_length",
            "_max_ttl", "_min_every",
-           "_min_instant", "_popcount"]
+           "_max_fenced", "_min_instant", "_popcount",
+           # the thresholds of ledger.db_risks (76_risks.sql)
+           "_risk_dead_per_live_critical", "_risk_dead_per_live_warn", "_risk_dead_rows_critical",
+           "_risk_dead_rows_warn", "_risk_horizon_critical_age", "_risk_horizon_critical_xids",
+           "_risk_horizon_warn_age", "_risk_horizon_warn_xids", "_risk_vacuum_critical_lag", "_risk_vacuum_warn_lag"]
 
 
 def test_only_the_pure_inlined_bounds_go_without_a_fixed_search_path(db):

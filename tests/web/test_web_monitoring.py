@@ -36,12 +36,19 @@ def _dashboard() -> dict:
 
 
 @pytest.fixture
-def exported_names(db, dsn) -> set[str]:
-    """Every sample name the exporter writes (with --audit), on a ledger with a success and a running run."""
+def exported_names(db, dsn, connect) -> set[str]:
+    """Every sample name the exporter writes (with --audit), on a ledger with a success and a running
+    run, and a snapshot held past the xmin horizon's warn threshold (lowered to 0 transactions, as the
+    database's owner: the holder's series is written only then)."""
     db.execute("SELECT ledger.register_job('etl', ttl => '10 minutes')")
     run = db.execute("SELECT run_id, token FROM ledger.start_run('etl', 'w')").fetchone()
     db.execute("SELECT ledger.complete_run(%s, %s)", run)
     db.execute("SELECT ledger.start_run('etl', 'w')")
+    db.execute("CREATE OR REPLACE FUNCTION ledger._risk_horizon_warn_xids() RETURNS bigint LANGUAGE sql "
+               "IMMUTABLE PARALLEL SAFE AS $$ SELECT 0::bigint $$")
+    holder = connect()
+    holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    holder.execute("SELECT 1")
     text = exposition(lambda: psycopg.connect(dsn, autocommit=True), audit=True)  # the audits too
     return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
 
@@ -136,6 +143,58 @@ tests:
             exp_annotations:
               summary: "overlapping runs in the ledger"
               description: "ledger.alerts has 1 overlap rows: two runs of one job overlapped in time. `jobledger report \\"SELECT * FROM ledger.overlaps\\"`."
+  # ledger.db_risks: a snapshot held from minute 1 (warn), critical from minute 7; dead rows on
+  # ledger.leases from the start; ledger.counters past autovacuum's trigger from the start.
+  - interval: 1m
+    input_series:
+      - series: 'jobledger_db_risk{{instance="ledger:8187",kind="xmin_horizon"}}'
+        values: '0 1 1 1 1 1 1 2x10'
+      - series: 'jobledger_xmin_horizon_holder{{instance="ledger:8187",holder_type="backend",holder="4242",application_name="psql"}}'
+        values: '_ 1x16'
+      - series: 'jobledger_db_risk{{instance="ledger:8187",kind="dead_rows",relation="ledger.leases"}}'
+        values: '1x20'
+      - series: 'jobledger_dead_rows{{instance="ledger:8187",relation="ledger.leases"}}'
+        values: '14312x20'
+      - series: 'jobledger_db_risk{{instance="ledger:8187",kind="autovacuum_lag",relation="ledger.counters"}}'
+        values: '0 1x20'
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: JobLedgerXminHorizonOld
+        exp_alerts: []
+      - eval_time: 7m
+        alertname: JobLedgerXminHorizonOld
+        exp_alerts:
+          - exp_labels: {{severity: warning, instance: "ledger:8187", kind: xmin_horizon}}
+            exp_annotations:
+              summary: "a transaction holds vacuum back from the ledger's rows"
+              description: 'The backend 4242 (application_name "psql") has held the xmin horizon of the ledger''s database for too long: vacuum keeps every row version written since, and lease renewals slow down. `jobledger risks` says how old it is and how to end it (docs/operations.md).'
+      - eval_time: 11m
+        alertname: JobLedgerXminHorizonCritical
+        exp_alerts: []
+      - eval_time: 12m
+        alertname: JobLedgerXminHorizonCritical
+        exp_alerts:
+          - exp_labels: {{severity: critical, instance: "ledger:8187", kind: xmin_horizon}}
+            exp_annotations:
+              summary: "a transaction has held vacuum back from the ledger's rows for over an hour"
+              description: 'The backend 4242 (application_name "psql") has held the xmin horizon of the ledger''s database for over an hour or 100,000,000 transactions. End it: `jobledger risks` says how.'
+      - eval_time: 9m
+        alertname: JobLedgerDeadRows
+        exp_alerts: []
+      - eval_time: 10m
+        alertname: JobLedgerDeadRows
+        exp_alerts:
+          - exp_labels: {{severity: warning, instance: "ledger:8187", kind: dead_rows, relation: ledger.leases}}
+            exp_annotations:
+              summary: "dead rows pile up on ledger.leases"
+              description: "ledger.leases has had 14.31k dead row versions for 10 minutes: each lease renewal walks past them. `jobledger risks` says whether a held snapshot keeps them."
+      - eval_time: 16m
+        alertname: JobLedgerAutovacuumLag
+        exp_alerts:
+          - exp_labels: {{severity: warning, instance: "ledger:8187", kind: autovacuum_lag, relation: ledger.counters}}
+            exp_annotations:
+              summary: "autovacuum is behind on ledger.counters"
+              description: "ledger.counters is past autovacuum's trigger and was last vacuumed over 10 minutes ago (or never, or autovacuum is off for it). `jobledger risks`; VACUUM it, and check autovacuum's settings (docs/operations.md)."
 """
 
 
