@@ -15,7 +15,8 @@ every job has exactly one slot due, then starts them all, timed, either
 
 alternating, and then ends every run (untimed). It also times
 `ledger.next_start(all jobs)`, the loop's one call to learn when to wake,
-with every job idle. Prints the best and median per round and per slot.
+with every job idle, and a read of ledger.job_health with two schedulers
+serving every job (the no-live-scheduler check is a key lookup per job). Prints the best and median per round and per slot.
 
 Uses a scratch database on the server named by LEDGER_BENCH_DSN (default
 the local postgres), dropped at the end. Machines are noisy: compare the
@@ -62,6 +63,15 @@ def bench(conn: psycopg.Connection, jobs: list[str], rounds: int) -> None:
     assert len(first) == len(jobs), len(first)
     _end_all(conn, first)
 
+    # Two schedulers serving every job: a whole-ledger read of the states.
+    for name in ("sched-a", "sched-b"):
+        conn.execute("SELECT ledger.scheduler_heartbeat(%s, 'h', 1, 'bench', %s, '1 hour')", (name, jobs))
+    reads = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        conn.execute("SELECT count(*) FROM ledger.job_health").fetchone()
+        reads.append(time.perf_counter() - t0)
+
     wake = []
     for _ in range(20):
         t0 = time.perf_counter()
@@ -89,6 +99,7 @@ def bench(conn: psycopg.Connection, jobs: list[str], rounds: int) -> None:
     print(f"{n} jobs, one slot due each, {rounds} rounds per mode")
     print(f"  next_start over {n} idle jobs: best {min(wake) * 1000:.1f} ms, median {statistics.median(wake) * 1000:.1f} ms"
           f" ({statistics.median(wake) / n * 1e6:.1f} us/job)")
+    print(f"  job_health over {n} jobs, 2 schedulers serving all: median {statistics.median(reads) * 1000:.1f} ms")
     for mode, label in (("batch", "start_due_runs, 1 call"), ("single", f"start_due_run, {n} calls")):
         best, median = min(times[mode]), statistics.median(times[mode])
         print(f"  {label:<28} best {best * 1000:8.1f} ms  median {median * 1000:8.1f} ms"
