@@ -494,13 +494,13 @@ BEGIN
                WHEN j.paused THEN NULL
                WHEN x.live AND j.overlap_policy = 'replace' AND t.trigger_id IS NOT NULL THEN v_now
                WHEN x.live AND j.overlap_policy = 'replace' THEN
-                   (SELECT s.slot + ledger._jitter(j.job, s.slot, j.jitter)
+                   (SELECT s.slot + CASE WHEN j.jitter IS NULL THEN interval '0' ELSE ledger._jitter(j.job, s.slot, j.jitter) END
                       FROM (SELECT ledger._slot_after(j.schedule_spec, j.time_zone,
                                                       greatest(c.done_slot, rr.slot, f.last_slot, j.created_at)) AS slot) s)
                WHEN x.live THEN l.expires_at
                WHEN t.trigger_id IS NOT NULL THEN v_now
                WHEN j.schedule IS NULL THEN NULL
-               ELSE (SELECT s.slot + ledger._jitter(j.job, s.slot, j.jitter)
+               ELSE (SELECT s.slot + CASE WHEN j.jitter IS NULL THEN interval '0' ELSE ledger._jitter(j.job, s.slot, j.jitter) END
                        FROM (SELECT CASE WHEN x.floor IS NULL
                                          -- never ran: the latest slot, or the first after the registration
                                          THEN greatest(ledger._slot_at_or_before(j.schedule_spec, j.time_zone, v_now),
