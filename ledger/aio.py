@@ -614,9 +614,11 @@ class AsyncRunContext(_AsyncHolding):
                  slot: datetime | None = None, idempotency_key: str | None = None,
                  detail: Mapping[str, Any] | None = None, heartbeat_interval: timedelta | None = None,
                  on_lost: OnLost | None = None, due: bool = False,
-                 backfill: tuple[datetime, datetime] | None = None) -> None:
+                 backfill: tuple[datetime, datetime] | None = None,
+                 adopt: tuple[RunStart, timedelta | None, float] | None = None) -> None:
         super().__init__(ledger, job, on_lost)
         self._ttl = ttl
+        self._adopt = adopt
         self._slot = slot
         self._backfill = backfill
         self._idempotency_key = idempotency_key
@@ -680,7 +682,9 @@ class AsyncRunContext(_AsyncHolding):
         control = await self._ledger._open_control(self.job)
         self._control = control
         try:
-            if self._backfill is not None:  # ledger.backfill: the oldest slot of the range not done
+            if self._adopt is not None:  # started by ledger.start_due_runs: heartbeat and end it only
+                start, time_left, sent = self._adopt
+            elif self._backfill is not None:  # ledger.backfill: the oldest slot of the range not done
                 params: dict[str, Any] = {"job": self.job, "owner": self.owner, "ttl": self._ttl,
                                           "from_slot": self._backfill[0], "to_slot": self._backfill[1]}
                 rows, sent = await control.call(queries.BACKFILL, params, dict_row)
@@ -691,7 +695,8 @@ class AsyncRunContext(_AsyncHolding):
                 params = {"job": self.job, "owner": self.owner, "ttl": self._ttl, "slot": self._slot,
                           "idempotency_key": self._idempotency_key, "detail": jsonb(self._start_detail)}
                 rows, sent = await control.call(queries.START_RUN, params, dict_row)
-            start, time_left = run_start(rows[0])
+            if self._adopt is None:
+                start, time_left = run_start(rows[0])
         except BaseException:
             await control.close()
             raise

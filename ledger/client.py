@@ -613,9 +613,11 @@ class RunContext(_Holding):
                  slot: datetime | None = None, idempotency_key: str | None = None,
                  detail: Mapping[str, Any] | None = None, heartbeat_interval: timedelta | None = None,
                  on_lost: OnLost | None = None, due: bool = False,
-                 backfill: tuple[datetime, datetime] | None = None) -> None:
+                 backfill: tuple[datetime, datetime] | None = None,
+                 adopt: tuple[RunStart, timedelta | None, float] | None = None) -> None:
         super().__init__(ledger, job, on_lost)
         self._ttl = ttl
+        self._adopt = adopt
         self._slot = slot
         self._backfill = backfill
         self._idempotency_key = idempotency_key
@@ -679,7 +681,9 @@ class RunContext(_Holding):
         control = self._ledger._open_control(self.job)
         self._control = control
         try:
-            if self._backfill is not None:  # ledger.backfill: the oldest slot of the range not done
+            if self._adopt is not None:  # started by ledger.start_due_runs: heartbeat and end it only
+                start, time_left, sent = self._adopt
+            elif self._backfill is not None:  # ledger.backfill: the oldest slot of the range not done
                 params: dict[str, Any] = {"job": self.job, "owner": self.owner, "ttl": self._ttl,
                                           "from_slot": self._backfill[0], "to_slot": self._backfill[1]}
                 rows, sent = control.call(queries.BACKFILL, params, dict_row)
@@ -690,7 +694,8 @@ class RunContext(_Holding):
                 params = {"job": self.job, "owner": self.owner, "ttl": self._ttl, "slot": self._slot,
                           "idempotency_key": self._idempotency_key, "detail": jsonb(self._start_detail)}
                 rows, sent = control.call(queries.START_RUN, params, dict_row)
-            start, time_left = run_start(rows[0])
+            if self._adopt is None:
+                start, time_left = run_start(rows[0])
         except BaseException:
             control.close()
             raise
