@@ -26,12 +26,26 @@ CREATE TABLE ledger.jobs (
     -- (pause_after_failures); NULL while it runs free.
     paused_at     timestamptz,
     pause_reason  text,
+    -- The scheduler's options (62_scheduler.sql): a per-slot start offset
+    -- in [0, jitter), derived from (job, slot) so every host agrees; a slot
+    -- not started within start_deadline after its due time (+ jitter) is
+    -- skipped, never run late; what a slot or a trigger that comes due
+    -- during a live run does (docs/contract.md, Overlap policies).
+    jitter         interval,
+    start_deadline interval,
+    overlap_policy text        NOT NULL DEFAULT 'catch_up',
+    -- The source (a jobs file) that last defined the job through
+    -- ledger.sync_jobs; NULL for a job registered by hand.
+    defined_by     text,
     CONSTRAINT jobs_ttl_positive CHECK (ttl > interval '0'),
     CONSTRAINT jobs_bounds_positive CHECK (late_after > interval '0' AND down_after > interval '0'
                                            AND min_runtime > interval '0' AND max_runtime > interval '0'
                                            AND pause_after_failures >= 1),
     CONSTRAINT jobs_pause_reason_valid CHECK (pause_reason IS NULL
-                                              OR (pause_reason IN ('operator', 'failures') AND paused)),
+                                              OR (pause_reason IN ('operator', 'failures', 'removed') AND paused)),
+    CONSTRAINT jobs_overlap_policy_valid CHECK (overlap_policy IN ('catch_up', 'skip', 'buffer_one', 'replace')),
+    CONSTRAINT jobs_jitter_valid CHECK (jitter > interval '0' AND jitter <= interval '24 hours'),
+    CONSTRAINT jobs_start_deadline_positive CHECK (start_deadline > interval '0'),
     CONSTRAINT jobs_max_backfill_positive CHECK (max_backfill >= 1),
     CONSTRAINT jobs_schedule_parsed CHECK ((schedule IS NULL) = (schedule_spec IS NULL))
 );
@@ -49,9 +63,10 @@ CREATE TABLE ledger.skipped_slots (
     CONSTRAINT skipped_slots_pkey PRIMARY KEY (job, first_slot),
     CONSTRAINT skipped_slots_range CHECK (first_slot <= last_slot),
     CONSTRAINT skipped_slots_count CHECK (slot_count >= 1 AND (slot_count = 1) = (first_slot = last_slot)),
-    CONSTRAINT skipped_slots_reason_valid CHECK (reason IN ('backfill_limit'))
+    CONSTRAINT skipped_slots_reason_valid CHECK (reason IN ('backfill_limit', 'start_deadline', 'overlap'))
 );
-COMMENT ON TABLE ledger.skipped_slots IS 'Ranges of schedule slots the catch-up bound dropped';
+COMMENT ON TABLE ledger.skipped_slots IS
+    'Ranges of schedule slots not run: dropped by the catch-up bound, past their start deadline, or skipped by the overlap policy';
 
 -- One row per job that ever held a lease. The row is never deleted: its
 -- token is the job's high-water mark, and a token is never issued twice.
@@ -146,6 +161,8 @@ CREATE TABLE ledger.counters (
     skipped_overlap  bigint NOT NULL DEFAULT 0,
     skipped_backfill bigint NOT NULL DEFAULT 0,
     leases_lost      bigint NOT NULL DEFAULT 0,
+    -- slots skipped because their start deadline had passed
+    skipped_deadline bigint NOT NULL DEFAULT 0,
     -- The job's state, so that the whole-ledger reads (job_status,
     -- job_health, alerts, a metrics scrape) cost per job, not per log row,
     -- and never evaluate a schedule. Each is what the log (and what
@@ -191,7 +208,7 @@ CREATE TABLE ledger.counters (
     CONSTRAINT counters_non_negative CHECK (
         runs_started >= 0 AND successes >= 0 AND failures >= 0
         AND skipped_overlap >= 0 AND skipped_backfill >= 0 AND leases_lost >= 0
-        AND consecutive_failures >= 0)
+        AND consecutive_failures >= 0 AND skipped_deadline >= 0)
 );
 COMMENT ON TABLE ledger.counters IS 'Each known job''s state row: its counters and its state from the log (one writer: ledger._set_state)';
 
@@ -247,3 +264,65 @@ CREATE TABLE ledger.purged_state (
 );
 COMMENT ON TABLE ledger.purged_state IS
     'Per job: the longest success and the failures of its streak that purge_log removed, still counted in its state';
+
+-- Run now (ledger.trigger): a manual run asked for, picked up by the next
+-- start_due_run(s) of the job under its lease and overlap policy. At most
+-- one pending trigger per job: a second request while one waits is the
+-- same request.
+CREATE TABLE ledger.triggers (
+    trigger_id   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job          ledger.label NOT NULL REFERENCES ledger.jobs (job) ON DELETE CASCADE,
+    requested_by text,
+    requested_at timestamptz NOT NULL,
+    detail       jsonb,
+    -- 'pending' until a start picks it: 'started' (run_id) or 'skipped'
+    -- (skip_reason: 'overlap' under the skip policy, 'paused')
+    status       text        NOT NULL DEFAULT 'pending',
+    run_id       bigint,
+    skip_reason  text,
+    resolved_at  timestamptz,
+    CONSTRAINT triggers_status_valid CHECK (status IN ('pending', 'started', 'skipped')),
+    CONSTRAINT triggers_run_iff_started CHECK ((status = 'started') = (run_id IS NOT NULL)),
+    CONSTRAINT triggers_reason_iff_skipped CHECK ((status = 'skipped') = (skip_reason IS NOT NULL)),
+    CONSTRAINT triggers_skip_reason_valid CHECK (skip_reason IN ('overlap', 'paused')),
+    CONSTRAINT triggers_resolved_iff_done CHECK ((status = 'pending') = (resolved_at IS NULL)),
+    CONSTRAINT triggers_detail_object CHECK (jsonb_typeof(detail) = 'object'),
+    CONSTRAINT triggers_requested_by_valid CHECK (char_length(requested_by) BETWEEN 1 AND 200)
+);
+COMMENT ON TABLE ledger.triggers IS 'Manual runs asked for (ledger.trigger): pending, started (run_id) or skipped';
+CREATE UNIQUE INDEX triggers_one_pending ON ledger.triggers (job) WHERE status = 'pending';
+CREATE INDEX triggers_job_requested ON ledger.triggers (job, requested_at);
+
+-- The live schedulers (jobledger scheduler, ledger.serve), one row each,
+-- kept by ledger.scheduler_heartbeat; an expired row is a scheduler that
+-- died (a graceful stop removes its row: ledger.scheduler_stop). A job that
+-- expired rows serve and no live one does is down (ledger._job_state).
+CREATE TABLE ledger.schedulers (
+    scheduler    ledger.label PRIMARY KEY,
+    host         text        NOT NULL,
+    pid          integer     NOT NULL,
+    version      text        NOT NULL,
+    jobs         text[]      NOT NULL,
+    started_at   timestamptz NOT NULL,
+    heartbeat_at timestamptz NOT NULL,
+    expires_at   timestamptz NOT NULL,
+    stopping     boolean     NOT NULL DEFAULT false,
+    CONSTRAINT schedulers_expiry_after_heartbeat CHECK (expires_at > heartbeat_at)
+);
+COMMENT ON TABLE ledger.schedulers IS 'Schedulers that heartbeat: host, pid, version, jobs served, expiry';
+
+-- The upkeep leader: one scheduler at a time runs the ledger's upkeep
+-- (reap_expired, sync_alerts, purges), elected by compare-and-set on this
+-- one row, ttl-bound, as a lease is taken (ledger.scheduler_heartbeat).
+-- term counts the changes of leader.
+CREATE TABLE ledger.upkeep_leader (
+    singleton   boolean     PRIMARY KEY DEFAULT true,
+    scheduler   text,
+    term        bigint      NOT NULL DEFAULT 0,
+    acquired_at timestamptz,
+    expires_at  timestamptz,
+    CONSTRAINT upkeep_leader_one_row CHECK (singleton),
+    CONSTRAINT upkeep_leader_held CHECK ((scheduler IS NULL) = (expires_at IS NULL))
+);
+COMMENT ON TABLE ledger.upkeep_leader IS 'One row: the scheduler that runs the ledger''s upkeep, and until when';
+INSERT INTO ledger.upkeep_leader DEFAULT VALUES;

@@ -130,6 +130,7 @@ $$;
 --   'lost'             `run` was just closed as lost (lease_expired,
 --                      superseded: the reaper, a takeover, force_release);
 --   'skipped_backfill' the catch-up bound dropped `slots` slots;
+--   'skipped_deadline' `slots` slots passed their start deadline unstarted;
 --   'forgotten'        its history went (unregister_job with history): the
 --                      row goes with it, and the job is no longer known;
 --   'recomputed'       a write past the functions changed its log: the row
@@ -269,6 +270,8 @@ BEGIN
         END IF;
     WHEN 'skipped_backfill' THEN
         UPDATE ledger.counters c SET skipped_backfill = c.skipped_backfill + slots WHERE c.job = _set_state.job;
+    WHEN 'skipped_deadline' THEN
+        UPDATE ledger.counters c SET skipped_deadline = c.skipped_deadline + slots WHERE c.job = _set_state.job;
     WHEN 'forgotten' THEN
         DELETE FROM ledger.counters c WHERE c.job = _set_state.job;
         DELETE FROM ledger.purged_state p WHERE p.job = _set_state.job;
@@ -429,7 +432,8 @@ COMMENT ON FUNCTION ledger.verify_state() IS
 --   running    a live run;
 --   down       ledger._down_after_slots() slots missed (down_due past the
 --              grace), or no success for longer than down_after (since the
---              registration when none ever succeeded);
+--              registration when none ever succeeded), or every scheduler
+--              that served it (ledger.schedulers) has expired;
 --   late       a slot missed (next_due past the grace);
 --   failing    ledger._failing_after() failures in a row
 --              (consecutive_failures; a cancel is no failure);
@@ -461,10 +465,10 @@ SELECT c.job,
            WHEN 'overrun' THEN c.running_started_at + j.max_runtime
            WHEN 'paused' THEN j.paused_at
            WHEN 'running' THEN c.running_started_at
-           WHEN 'down' THEN least(
+           WHEN 'down' THEN coalesce(s.unserved_since, least(
                CASE WHEN c.down_due <= n.at - s.grace THEN c.down_due + s.grace END,
                CASE WHEN n.at - coalesce(c.last_success_at, j.created_at) > j.down_after
-                    THEN coalesce(c.last_success_at, j.created_at) + j.down_after END)
+                    THEN coalesce(c.last_success_at, j.created_at) + j.down_after END))
            WHEN 'late' THEN c.next_due + s.grace
            WHEN 'failing' THEN coalesce(c.last_success_at, j.created_at)
            WHEN 'never_run' THEN j.created_at
@@ -486,7 +490,8 @@ SELECT c.job,
                                                                    ELSE 's' END)
                                   ELSE 'paused by an operator' END
            WHEN 'running' THEN format('run %s running', c.running_run_id)
-           WHEN 'down' THEN CASE WHEN c.down_due <= n.at - s.grace
+           WHEN 'down' THEN CASE WHEN s.unserved_since IS NOT NULL THEN 'no live scheduler serves it'
+                                 WHEN c.down_due <= n.at - s.grace
                                  THEN format('%s%s slots missed since the last success',
                                              CASE WHEN m.missed_slots_capped THEN 'at least ' ELSE '' END,
                                              m.missed_slots)
@@ -508,7 +513,8 @@ SELECT c.job,
            WHEN coalesce(j.ttl, l.ttl) < greatest(c.longest_success * 1.5, ledger._advice_min_ttl()) THEN 'too_short'
            WHEN coalesce(j.ttl, l.ttl) > greatest(c.longest_success * 2, ledger._advice_min_ttl()) THEN 'too_long'
            ELSE 'ok'
-       END                                                                AS ttl_verdict
+       END                                                                AS ttl_verdict,
+       c.skipped_deadline
   FROM ledger.counters c
   LEFT JOIN ledger.jobs j ON j.job = c.job
   LEFT JOIN ledger.leases l ON l.job = c.job
@@ -520,13 +526,14 @@ SELECT c.job,
  -- copying its expression into every column that reads it; a lateral
  -- subquery still lets a read of one job use the primary keys).
  CROSS JOIN LATERAL (
-       SELECT d.live, d.grace,
+       SELECT d.live, d.grace, d.unserved_since,
               CASE
                   WHEN c.running_run_id IS NOT NULL AND NOT d.live THEN 'crashed'
                   WHEN d.live AND n.at - c.running_started_at > j.max_runtime THEN 'overrun'
                   WHEN j.paused THEN 'paused'
                   WHEN d.live THEN 'running'
-                  WHEN c.down_due <= n.at - d.grace
+                  WHEN d.unserved_since IS NOT NULL
+                       OR c.down_due <= n.at - d.grace
                        OR n.at - coalesce(c.last_success_at, j.created_at) > j.down_after THEN 'down'
                   WHEN c.next_due <= n.at - d.grace THEN 'late'
                   WHEN c.consecutive_failures >= ledger._failing_after() THEN 'failing'
@@ -536,7 +543,10 @@ SELECT c.job,
          FROM (SELECT coalesce(l.token = c.running_token AND l.released_at IS NULL AND l.expires_at > n.at, false)
                           AS live,
                       coalesce(j.late_after, greatest(coalesce(j.ttl, l.ttl, interval '1 minute'), interval '1 minute'))
-                          AS grace) d
+                          AS grace,
+                      -- served by schedulers that all expired: since the last expiry
+                      (SELECT CASE WHEN bool_or(x.expires_at > n.at) THEN NULL ELSE max(x.expires_at) END
+                         FROM ledger.schedulers x WHERE c.job = ANY (x.jobs)) AS unserved_since) d
        OFFSET 0) s
  -- The slots missed since the newest done (or the registration): counted
  -- by arithmetic for an interval of fixed length (its slots are whole

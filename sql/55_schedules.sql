@@ -154,7 +154,9 @@ $$;
 -- an argument left NULL keeps what the job has (on a first registration:
 -- no schedule, no ttl, max_backfill 1, UTC, no health bounds). A bound of
 -- 0 clears it. Re-registering resets nothing else: not the pause, not the
--- history, not the counters.
+-- history, not the counters. The scheduler's options (jitter,
+-- start_deadline, overlap_policy: 62_scheduler.sql) likewise; a change
+-- wakes the schedulers that LISTEN on ledger_scheduler.
 CREATE FUNCTION ledger.register_job(
     job text,
     schedule text DEFAULT NULL,
@@ -165,7 +167,10 @@ CREATE FUNCTION ledger.register_job(
     down_after interval DEFAULT NULL,
     min_runtime interval DEFAULT NULL,
     max_runtime interval DEFAULT NULL,
-    pause_after_failures integer DEFAULT NULL)
+    pause_after_failures integer DEFAULT NULL,
+    jitter interval DEFAULT NULL,
+    start_deadline interval DEFAULT NULL,
+    overlap_policy text DEFAULT NULL)
 RETURNS ledger.jobs
 LANGUAGE plpgsql
 VOLATILE
@@ -201,6 +206,10 @@ BEGIN
             DETAIL = jsonb_build_object('argument', 'pause_after_failures', 'value', pause_after_failures,
                                         'max', ledger._max_pause_after_failures())::text;
     END IF;
+    PERFORM ledger._check_health_bound(start_deadline, 'start_deadline');
+    PERFORM ledger._check_overlap_policy(overlap_policy);
+    -- jitter's bounds without the schedule first (its gap is checked below)
+    PERFORM ledger._check_jitter(jitter, NULL, NULL, NULL);
 
     -- The per-job order every writer follows: the lease row first (when the
     -- job has none: the registration, ledger._lock_registration), then the
@@ -230,9 +239,19 @@ BEGIN
                               ELSE nullif(ledger._exact(register_job.max_runtime), interval '0') END;
     v_job.pause_after_failures := CASE WHEN register_job.pause_after_failures IS NULL THEN v_old.pause_after_failures
                                        ELSE nullif(register_job.pause_after_failures, 0) END;
+    v_job.jitter := CASE WHEN register_job.jitter IS NULL THEN v_old.jitter
+                         ELSE nullif(ledger._exact(register_job.jitter), interval '0') END;
+    v_job.start_deadline := CASE WHEN register_job.start_deadline IS NULL THEN v_old.start_deadline
+                                 ELSE nullif(ledger._exact(register_job.start_deadline), interval '0') END;
+    v_job.overlap_policy := coalesce(register_job.overlap_policy, v_old.overlap_policy);
     IF v_job.schedule IS NOT NULL THEN
         -- parsed once, here: the spec depends on the schedule and the zone
         v_spec := ledger._parse_schedule(v_job.schedule, v_job.time_zone);
+        -- the jitter, given or kept, stays under the schedule's gaps
+        IF v_job.jitter IS NOT NULL
+           AND (register_job.jitter IS NOT NULL OR register_job.schedule IS NOT NULL OR register_job.time_zone IS NOT NULL) THEN
+            PERFORM ledger._check_jitter(v_job.jitter, v_spec, v_job.time_zone, ledger._now());
+        END IF;
     END IF;
     IF register_job.schedule IS NOT NULL THEN
         -- An unscheduled job takes any slot, also one years ahead. Catch-up
@@ -265,17 +284,22 @@ BEGIN
         min_runtime          = v_job.min_runtime,
         max_runtime          = v_job.max_runtime,
         pause_after_failures = v_job.pause_after_failures,
+        jitter               = v_job.jitter,
+        start_deadline       = v_job.start_deadline,
+        overlap_policy       = v_job.overlap_policy,
         updated_at           = CASE WHEN v_new THEN j.updated_at ELSE ledger._now() END
      WHERE j.job = register_job.job
     RETURNING * INTO v_job;
     -- The job's state row: its due marks follow the schedule as it is now.
     PERFORM ledger._set_state(register_job.job, 'registration');
+    PERFORM pg_notify('ledger_scheduler', register_job.job);
     RETURN v_job;
 END
 $$;
 COMMENT ON FUNCTION ledger.register_job(text, text, interval, integer, text, interval, interval, interval,
-                                        interval, integer) IS
-    'Register a job or change the options given: schedule, default ttl, catch-up bound, time zone, health bounds';
+                                        interval, integer, interval, interval, text) IS
+    'Register a job or change the options given: schedule, default ttl, catch-up bound, time zone, health bounds, '
+    'jitter, start deadline, overlap policy';
 
 -- Set a registered job's pause flag: true when that changed it (LD005 when
 -- the job was never registered). The body of pause_job and resume_job.
@@ -294,7 +318,11 @@ BEGIN
                              pause_reason = CASE WHEN _set_paused.paused THEN 'operator' END,
                              updated_at   = ledger._now()
      WHERE j.job = _set_paused.job AND j.paused <> _set_paused.paused;
-    RETURN FOUND;
+    IF FOUND THEN
+        PERFORM pg_notify('ledger_scheduler', job);
+        RETURN true;
+    END IF;
+    RETURN false;
 END
 $$;
 
@@ -383,9 +411,26 @@ BEGIN
     ELSIF extract(day FROM v_ttl) <> 0 THEN
         v_ttl := ledger._exact(v_ttl);
     END IF;
-    IF v_job.paused THEN
+    IF v_job.paused AND v_job.overlap_policy = 'catch_up' THEN
         v_result.outcome := 'paused';
         RETURN v_result;
+    END IF;
+
+    -- A scheduler option or a pending trigger: the scheduled start
+    -- (62_scheduler.sql), under the job's lease row. Otherwise the path of
+    -- 0.1.0, unchanged.
+    IF v_job.jitter IS NOT NULL OR v_job.start_deadline IS NOT NULL OR v_job.overlap_policy <> 'catch_up'
+       OR EXISTS (SELECT FROM ledger.triggers t WHERE t.job = start_due_run.job AND t.status = 'pending') THEN
+        IF NOT ledger._lock_job(job, true) THEN
+            v_result.outcome := 'skipped_overlap';  -- another transaction holds the row past the bound
+            RETURN v_result;
+        END IF;
+        SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = start_due_run.job;
+        IF NOT FOUND THEN
+            PERFORM ledger._raise('LD005', format('job not found: %s was unregistered while this start waited', job),
+                jsonb_build_object('job', job));
+        END IF;
+        RETURN (ledger._start_scheduled(v_job, owner, v_ttl, false)).start;
     END IF;
 
     v_due := ledger._due(v_job, ledger._now(), ledger._newest_done_slot(job));

@@ -10,13 +10,14 @@ SELECT k.job,
            + coalesce((SELECT sum(s.skipped_overlap) FROM ledger.skip_counts s WHERE s.job = k.job), 0)::bigint
                                        AS skipped_overlap,
        coalesce(c.skipped_backfill, 0) AS skipped_backfill,
-       coalesce(c.leases_lost, 0)      AS leases_lost
+       coalesce(c.leases_lost, 0)      AS leases_lost,
+       coalesce(c.skipped_deadline, 0) AS skipped_deadline
   FROM (SELECT t.job FROM ledger.counters t
         UNION SELECT t.job FROM ledger.jobs t
         UNION SELECT t.job FROM ledger.skip_counts t) k
   LEFT JOIN ledger.counters c ON c.job = k.job;
 COMMENT ON VIEW ledger.job_counters IS
-    'Per job: runs started, successes, failures, skips by overlap and by backfill limit, leases lost';
+    'Per job: runs started, successes, failures, skips by overlap and by backfill limit, leases lost, skips by start deadline';
 
 -- Pairs of runs of one job whose time spans overlap. Should always be empty:
 -- it is the audit that proves it. A window over start order finds the runs

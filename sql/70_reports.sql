@@ -79,7 +79,8 @@ SELECT s.job,
        s.skipped_overlap,
        s.skipped_backfill,
        s.leases_lost,
-       s.state
+       s.state,
+       s.skipped_deadline
   FROM ledger._job_state s;
 COMMENT ON VIEW ledger.job_status IS
     'One row per known job: lease, last run, last success, current run, next slot, state, failures, counters';
