@@ -1197,6 +1197,14 @@ class Ledger:
     def resume_job(self, job: str) -> bool:
         return bool(self._call(queries.RESUME_JOB, {"job": job}, scalar_row)[0])
 
+    def trigger(self, job: str, *, requested_by: str | None = None,
+                detail: Mapping[str, Any] | None = None) -> int:
+        """Ask for a manual run of ``job`` now (``ledger.trigger``): the trigger's id. A scheduler starts it
+        (respecting the lease and the job's overlap policy), logged as manual; a pending one is returned
+        again rather than doubled."""
+        params = {"job": job, "requested_by": requested_by, "detail": jsonb(detail)}
+        return int(self._call(queries.TRIGGER, params, scalar_row)[0])
+
     def protect(self, table: str, job: str, *, mode: str = "lenient") -> str:
         """``ledger.protect``: refuse every write to ``table`` (a name, resolved in the connection's
         search_path; the caller must own it) from a transaction that does not carry ``job``'s live

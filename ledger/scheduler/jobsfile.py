@@ -46,7 +46,7 @@ TEXT_KEYS = ("schedule", "time_zone", "overlap_policy")
 REGISTER_KEYS = TEXT_KEYS + DURATION_KEYS + INTEGER_KEYS
 #: What the process needs to run the command; never sent to the ledger.
 PROCESS_KEYS = ("command", "env", "cwd", "timeout", "retries", "backoff")
-OVERLAP_POLICIES = ("skip", "buffer_one", "replace")
+OVERLAP_POLICIES = ("catch_up", "skip", "buffer_one", "replace")
 REMOVED = ("pause", "unregister")
 TOP_KEYS = ("source", "removed", "upkeep", "jobs")
 UPKEEP_DEFAULTS: dict[str, timedelta | None] = {
