@@ -34,7 +34,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["JobDefinition", "JobsFile", "JobsFileError", "Problem", "Upkeep", "check_schedule",
+__all__ = ["JobDefinition", "definition", "JobsFile", "JobsFileError", "Problem", "Upkeep", "check_schedule",
            "load", "parse"]
 
 #: register_job's arguments that take a duration (interval).
@@ -224,6 +224,15 @@ def _upkeep(table: Any, problems: list[Problem]) -> Upkeep:
     return Upkeep(**values)
 
 
+def definition(name: str, table: Mapping[str, Any], *, require_command: bool = True) -> JobDefinition:
+    """One job from its keys (a ``[jobs.NAME]`` table as a dict: ``ledger.job``'s options); JobsFileError."""
+    problems: list[Problem] = []
+    job = _job(name, dict(table), problems, require_command=require_command)
+    if job is None or problems:
+        raise JobsFileError(f"job {name}", problems)
+    return job
+
+
 def _job(name: str, table: Any, problems: list[Problem], *, require_command: bool) -> JobDefinition | None:
     if not _JOB_NAME.match(name):
         problems.append(Problem(name, None, "invalid job name (letters, digits and _ . : @ / -, at most 200, "
@@ -303,7 +312,9 @@ def _duration(value: Any, job: str | None, key: str, problems: list[Problem], *,
     try:
         if isinstance(value, bool):
             raise ValueError("a duration, not a boolean")
-        if isinstance(value, (int, float)):
+        if isinstance(value, timedelta):  # ledger.job(ttl=timedelta(...))
+            duration = value
+        elif isinstance(value, (int, float)):
             duration = timedelta(seconds=value)
         elif isinstance(value, str):
             duration = parse_duration(value)

@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.rows import dict_row
 
-from ledger import __version__, queries
+from ledger import queries
 from ledger import connect as connecting
 from ledger.client import Ledger, RunContext
 from ledger.identity import default_owner
@@ -180,7 +180,6 @@ class Scheduler:
         self._ledger = Ledger(self._conninfo, owner=self.owner,
                               pool_kwargs={"min_size": 1, "max_size": self._max_runs + 2})
         try:
-            self._conn.add_notify_handler(lambda _: self._wake.set())
             if self._poll is None:
                 try:
                     self._conn.execute(queries.LISTEN_SCHEDULER)
@@ -237,6 +236,7 @@ class Scheduler:
             if left <= 0:
                 return
             if self.listening:
+                # notifies() also yields what came during the loop's other calls (psycopg's backlog)
                 assert self._conn is not None
                 for _ in self._conn.notifies(timeout=min(left, _SLICE), stop_after=1):
                     self._wake.set()
@@ -311,6 +311,8 @@ class Scheduler:
                 del self._live[run_id]
 
     def _beat(self, *, stopping: bool = False) -> None:
+        from ledger import __version__  # at call time: ledger/__init__ imports this module
+
         params = {"scheduler": self.owner, "host": socket.gethostname(), "pid": os.getpid(),
                   "version": __version__, "jobs": self.jobs, "ttl": self._ttl, "stopping": stopping}
         try:
