@@ -305,11 +305,12 @@ $$;
 --   a pending trigger: a manual run (no slot; detail trigger, trigger_id);
 --   the due slots (catch-up: the newest max_backfill after the newest slot
 --     done or skipped; for start_due_runs also after a slot whose run
---     failed or was cancelled, which it never retries), the newest left out
+--     failed or was cancelled, which it never retries, and for a job that
+--     never ran, none before its registration), the newest left out
 --     while its jitter has not passed; the slots the bound dropped before
 --     them recorded (backfill_limit); under skip, those that came due while
 --     the job's last run was live recorded skipped (overlap), under
---     buffer_one all of them but the newest; those past their start
+--     buffer_one and replace all of them but the newest; those past their start
 --     deadline recorded skipped (start_deadline); the oldest left starts.
 CREATE FUNCTION ledger._start_scheduled(v_job ledger.jobs, owner text, ttl interval, batch boolean,
                                         OUT start ledger.run_start, OUT trigger_id bigint)
@@ -359,6 +360,7 @@ BEGIN
             END IF;
             IF v_trigger.trigger_id IS NOT NULL OR coalesce(v_n, 0) > 0 THEN
                 PERFORM ledger._supersede(v_job.job, v_now);
+                SELECT * INTO v_state FROM ledger.counters c WHERE c.job = v_job.job;
                 v_live := false;
             END IF;
         ELSIF v_job.overlap_policy = 'skip' AND v_trigger.trigger_id IS NOT NULL THEN
@@ -401,6 +403,10 @@ BEGIN
     END IF;
     v_due := ledger._due(v_job, v_now, v_floor);
     v_n := cardinality(v_due);
+    IF batch AND v_floor IS NULL AND v_n > 0 AND v_due[v_n] <= v_job.created_at THEN
+        -- start_due_runs starts a new job's first slot after its registration
+        v_n := 0;
+    END IF;
     IF v_n > 0 AND v_job.jitter IS NOT NULL
        AND v_due[v_n] + ledger._jitter(v_job.job, v_due[v_n], v_job.jitter) > v_now THEN
         v_due := v_due[1 : v_n - 1];
@@ -425,7 +431,7 @@ BEGIN
     END IF;
 
     -- The overlap policy: the slots that came due while the last run was live.
-    IF v_job.overlap_policy IN ('skip', 'buffer_one') AND v_state.last_started_at IS NOT NULL
+    IF v_job.overlap_policy IN ('skip', 'buffer_one', 'replace') AND v_state.last_started_at IS NOT NULL
        AND v_state.last_completed_at IS NOT NULL THEN
         v_skip := ARRAY[]::boolean[];
         v_newest := NULL;
@@ -437,7 +443,7 @@ BEGIN
             END IF;
         END LOOP;
         IF v_newest IS NOT NULL THEN
-            IF v_job.overlap_policy = 'buffer_one' THEN
+            IF v_job.overlap_policy IN ('buffer_one', 'replace') THEN
                 v_skip[v_newest] := false;  -- the newest of them runs now
             END IF;
             v_due := ledger._skip_where(v_job.job, v_due, v_skip, 'overlap');
@@ -495,7 +501,11 @@ BEGIN
                WHEN t.trigger_id IS NOT NULL THEN v_now
                WHEN j.schedule IS NULL THEN NULL
                ELSE (SELECT s.slot + ledger._jitter(j.job, s.slot, j.jitter)
-                       FROM (SELECT CASE WHEN x.floor IS NOT DISTINCT FROM c.done_slot AND c.next_due IS NOT NULL
+                       FROM (SELECT CASE WHEN x.floor IS NULL
+                                         -- never ran: the latest slot, or the first after the registration
+                                         THEN greatest(ledger._slot_at_or_before(j.schedule_spec, j.time_zone, v_now),
+                                                       ledger._slot_after(j.schedule_spec, j.time_zone, j.created_at))
+                                         WHEN x.floor = c.done_slot AND c.next_due IS NOT NULL
                                          THEN c.next_due
                                          ELSE ledger._slot_after(j.schedule_spec, j.time_zone,
                                                                  coalesce(x.floor, j.created_at)) END AS slot) s)
@@ -741,10 +751,16 @@ COMMENT ON FUNCTION ledger.scheduler_stop(text) IS 'Remove the scheduler''s row 
 -- NULL keeps what the job has (a schedule or a ttl cannot be removed).
 CREATE FUNCTION ledger._definition_keys()
 RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $x$ SELECT '{"schedule": null, "ttl": null, "max_backfill": 1, "time_zone": "UTC", "late_after": "0",
-                "down_after": "0", "min_runtime": "0", "max_runtime": "0", "pause_after_failures": 0,
-                "jitter": "0", "start_deadline": "0", "overlap_policy": "catch_up"}'::jsonb $x$;
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN '{"schedule": null, "ttl": null, "max_backfill": 1, "time_zone": "UTC", "late_after": "0",
+             "down_after": "0", "min_runtime": "0", "max_runtime": "0", "pause_after_failures": 0,
+             "jitter": "0", "start_deadline": "0", "overlap_policy": "catch_up"}'::jsonb;
+END
+$$;
 
 -- One job of a jobs file registered: register_job with each key of the
 -- definition (absent keys: ledger._definition_keys()); a key whose value
