@@ -8,7 +8,7 @@ Each round costs a constant number of calls, whatever the number of jobs:
   work) in one round trip, at most as many as the cap on concurrent runs
   leaves free;
 - ``ledger.next_start(jobs)`` says how long to sleep: until the earliest next
-  start, or until a ``NOTIFY ledger_scheduler`` (a trigger, a registration, a
+  start (plus ``batch``, 50 ms: the starts of that window go in one call), or until a ``NOTIFY ledger_scheduler`` (a trigger, a registration, a
   pause) wakes the loop, on a session that allows LISTEN; with ``poll`` (or
   when LISTEN fails), at least every ``poll`` instead. Behind a transaction
   pooler LISTEN does not hold: give ``poll`` there.
@@ -126,7 +126,8 @@ class Scheduler:
                  jobs: Mapping[str, JobDefinition] | None = None, source: str = "python",
                  removed: str = "pause", upkeep: Upkeep | None = None, owner: str | None = None,
                  max_runs: int = 10, poll: timedelta | None = None, grace: timedelta = timedelta(seconds=10),
-                 ttl: timedelta = timedelta(seconds=30), say: Callable[[str], None] | None = None) -> None:
+                 ttl: timedelta = timedelta(seconds=30), batch: timedelta = timedelta(milliseconds=50),
+                 say: Callable[[str], None] | None = None) -> None:
         if (watch is None) == (jobs is None):
             raise ValueError("a scheduler serves the jobs of a file (watch) or a fixed set (jobs), one of them")
         if max_runs < 1:
@@ -143,10 +144,12 @@ class Scheduler:
         self._poll = poll.total_seconds() if poll is not None else None
         self._grace = grace.total_seconds()
         self._ttl = ttl
+        self._batch = batch.total_seconds()
         self._say = say or log.warning
         self._stopping = threading.Event()
         self._reload = threading.Event()
         self._wake = threading.Event()
+        self._ended = threading.Event()  # a run ended: its job's next start is to be asked (coalesced)
         self._live: dict[int, _Live] = {}
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
@@ -214,6 +217,12 @@ class Scheduler:
                     self._upkeep_round()
             woken = self._wake.is_set()
             self._wake.clear()
+            if self._ended.is_set():
+                # The ended runs' jobs may be due earlier than the plan: a round soon, one for all the
+                # ends of the next `batch`.
+                self._ended.clear()
+                soon = now + self._batch
+                next_start = soon if next_start is None else min(next_start, soon)
             self._reap_workers()
             free = self._max_runs - len(self._live)
             if free > 0 and self._jobs and (woken or (next_start is not None and now >= next_start)):
@@ -231,7 +240,7 @@ class Scheduler:
             self._sleep(wake_at)
 
     def _sleep(self, until: float) -> None:
-        while not self._wake.is_set() and not self._stopping.is_set():
+        while not self._wake.is_set() and not self._stopping.is_set() and not self._ended.is_set():
             left = until - time.monotonic()
             if left <= 0:
                 return
@@ -265,7 +274,9 @@ class Scheduler:
         wait: timedelta | None = rows[0]["wait"]
         if wait is None:
             return None
-        return time.monotonic() + max(wait.total_seconds(), 0.0)
+        # A little later than the earliest start, so that the starts of that window (jittered slots
+        # are spread over it) go in one start_due_runs: fewer calls per run for at most this much lag.
+        return time.monotonic() + max(wait.total_seconds(), 0.0) + self._batch
 
     def _start_due(self, free: int) -> int:
         sent = time.monotonic()
@@ -303,7 +314,7 @@ class Scheduler:
         except Exception as error:  # the run context recorded the end; a runner's own failure is said here
             log.info("run %s of job %s: %s", run.run_id, job.name, first_line(error))
         finally:
-            self._wake.set()
+            self._ended.set()
 
     def _reap_workers(self) -> None:
         with self._lock:
