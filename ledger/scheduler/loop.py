@@ -180,8 +180,10 @@ class Scheduler:
     def run(self) -> None:
         """The loop, until :meth:`stop`; then the live runs end (grace, cancel) and the row goes."""
         self._conn = connecting.connect(self._conninfo)
+        # The runs' pool: a run holds a connection only during a call (its end, a heartbeat), so a few
+        # serve hundreds of live runs; never one per run (a shared server's max_connections).
         self._ledger = Ledger(self._conninfo, owner=self.owner,
-                              pool_kwargs={"min_size": 1, "max_size": self._max_runs + 2})
+                              pool_kwargs={"min_size": 1, "max_size": min(self._max_runs, 8) + 2})
         try:
             if self._poll is None:
                 try:

@@ -310,3 +310,23 @@ def test_the_skip_overlap_policy_is_respected_end_to_end(db, tmp_path, scheduler
     runs = db.execute("SELECT started_at, completed_at FROM ledger.job_execution_log WHERE job = 'long' "
                       "AND status <> 'running' ORDER BY started_at").fetchall()
     assert all(later[0] >= earlier[1] for earlier, later in zip(runs, runs[1:])), "two runs overlapped"
+
+
+def test_two_files_that_disagree_about_a_job_last_writer_wins_loudly(db, tmp_path, schedulers):
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    write_jobs(first / "jobs.toml", 'source = "host-a"\n[jobs.shared]\nschedule = "1 hour"\nttl = "1m"\n'
+                                    'command = "true"\n')
+    write_jobs(second / "jobs.toml", 'source = "host-b"\n[jobs.shared]\nschedule = "2 hours"\nttl = "1m"\n'
+                                     'command = "true"\n')
+    schedulers.start(first / "jobs.toml")
+    wait_for(lambda: db.execute("SELECT schedule FROM ledger.jobs WHERE job = 'shared'").fetchone(),
+             what="the first file synced")
+    schedulers.start(second / "jobs.toml")
+    wait_for(lambda: "overrides another source" in schedulers.log(1), what="the override, said",
+             explain=lambda: schedulers.log(1))
+    assert db.execute("SELECT schedule FROM ledger.jobs WHERE job = 'shared'").fetchone()[0] == "2 hours"
+    assert db.execute("SELECT count(*) FROM ledger.events WHERE kind = 'job_definition_overridden' "
+                      "AND job = 'shared'").fetchone()[0] == 1
+    assert schedulers.stop_all() == [0, 0]
