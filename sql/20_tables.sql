@@ -311,6 +311,17 @@ CREATE TABLE ledger.schedulers (
 );
 COMMENT ON TABLE ledger.schedulers IS 'Schedulers that heartbeat: host, pid, version, jobs served, expiry';
 
+-- schedulers.jobs one row per (job, scheduler), kept by the heartbeat when
+-- the list changes: a job's state reads its schedulers by primary key, not
+-- by scanning every scheduler's array (10,000 jobs, 10,000 each).
+CREATE TABLE ledger.scheduler_jobs (
+    job       ledger.label NOT NULL,
+    scheduler ledger.label NOT NULL REFERENCES ledger.schedulers (scheduler) ON DELETE CASCADE,
+    CONSTRAINT scheduler_jobs_pkey PRIMARY KEY (job, scheduler)
+);
+COMMENT ON TABLE ledger.scheduler_jobs IS 'The jobs each scheduler serves (ledger.schedulers.jobs), one row per pair';
+CREATE INDEX scheduler_jobs_scheduler ON ledger.scheduler_jobs (scheduler);
+
 -- The upkeep leader: one scheduler at a time runs the ledger's upkeep
 -- (reap_expired, sync_alerts, purges), elected by compare-and-set on this
 -- one row, ttl-bound, as a lease is taken (ledger.scheduler_heartbeat).

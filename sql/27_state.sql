@@ -546,7 +546,8 @@ SELECT c.job,
                           AS grace,
                       -- served by schedulers that all expired: since the last expiry
                       (SELECT CASE WHEN bool_or(x.expires_at > n.at) THEN NULL ELSE max(x.expires_at) END
-                         FROM ledger.schedulers x WHERE c.job = ANY (x.jobs)) AS unserved_since) d
+                         FROM ledger.scheduler_jobs sj JOIN ledger.schedulers x ON x.scheduler = sj.scheduler
+                        WHERE sj.job = c.job) AS unserved_since) d
        OFFSET 0) s
  -- The slots missed since the newest done (or the registration): counted
  -- by arithmetic for an interval of fixed length (its slots are whole

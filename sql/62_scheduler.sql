@@ -494,13 +494,13 @@ BEGIN
                WHEN j.paused THEN NULL
                WHEN x.live AND j.overlap_policy = 'replace' AND t.trigger_id IS NOT NULL THEN v_now
                WHEN x.live AND j.overlap_policy = 'replace' THEN
-                   (SELECT s.slot + ledger._jitter(j.job, s.slot, j.jitter)
+                   (SELECT s.slot + CASE WHEN j.jitter IS NULL THEN interval '0' ELSE ledger._jitter(j.job, s.slot, j.jitter) END
                       FROM (SELECT ledger._slot_after(j.schedule_spec, j.time_zone,
                                                       greatest(c.done_slot, rr.slot, f.last_slot, j.created_at)) AS slot) s)
                WHEN x.live THEN l.expires_at
                WHEN t.trigger_id IS NOT NULL THEN v_now
                WHEN j.schedule IS NULL THEN NULL
-               ELSE (SELECT s.slot + ledger._jitter(j.job, s.slot, j.jitter)
+               ELSE (SELECT s.slot + CASE WHEN j.jitter IS NULL THEN interval '0' ELSE ledger._jitter(j.job, s.slot, j.jitter) END
                        FROM (SELECT CASE WHEN x.floor IS NULL
                                          -- never ran: the latest slot, or the first after the registration
                                          THEN greatest(ledger._slot_at_or_before(j.schedule_spec, j.time_zone, v_now),
@@ -677,8 +677,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now timestamptz;
-    v_ttl interval;
+    v_now  timestamptz;
+    v_ttl  interval;
+    v_jobs text[];
 BEGIN
     PERFORM ledger._check_label(scheduler, 'scheduler');
     PERFORM ledger._check_label(host, 'host');
@@ -699,6 +700,7 @@ BEGIN
     END IF;
     v_ttl := ledger._exact(ttl);
     v_now := ledger._now();
+    SELECT s.jobs INTO v_jobs FROM ledger.schedulers s WHERE s.scheduler = scheduler_heartbeat.scheduler FOR UPDATE;
     INSERT INTO ledger.schedulers AS s (scheduler, host, pid, version, jobs, started_at, heartbeat_at, expires_at,
                                         stopping)
     VALUES (scheduler, host, pid, version, jobs, v_now, v_now, v_now + v_ttl, stopping)
@@ -708,6 +710,13 @@ BEGIN
         started_at = CASE WHEN s.pid = excluded.pid AND s.host = excluded.host THEN s.started_at
                           ELSE excluded.started_at END,
         heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at, stopping = excluded.stopping;
+    -- the pairs, rewritten only when the list changed (a heartbeat is one
+    -- row's update otherwise)
+    IF v_jobs IS DISTINCT FROM jobs THEN
+        DELETE FROM ledger.scheduler_jobs sj WHERE sj.scheduler = scheduler_heartbeat.scheduler;
+        INSERT INTO ledger.scheduler_jobs (job, scheduler)
+        SELECT DISTINCT u.job, scheduler_heartbeat.scheduler FROM unnest(jobs) AS u(job);
+    END IF;
     IF stopping THEN
         UPDATE ledger.upkeep_leader u SET scheduler = NULL, expires_at = NULL
          WHERE u.singleton AND u.scheduler = scheduler_heartbeat.scheduler;
@@ -845,7 +854,6 @@ DECLARE
     v_old    ledger.jobs;
     v_new    ledger.jobs;
     v_action text;
-    v_lease  ledger.leases;
 BEGIN
     IF definitions IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument definitions must not be null';
@@ -931,7 +939,7 @@ BEGIN
             action := 'unregistered';
             RETURN NEXT;
         ELSE
-            v_lease := ledger._lock_registration(v_name);
+            PERFORM ledger._lock_registration(v_name);
             UPDATE ledger.jobs j SET paused = true, paused_at = ledger._now(), pause_reason = 'removed',
                                      updated_at = ledger._now()
              WHERE j.job = v_name AND NOT j.paused;

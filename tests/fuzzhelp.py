@@ -64,6 +64,7 @@ TYPE_NAMES = {
     "jsonb": "jsonb",
     "boolean": "boolean",
     "regclass": "regclass",
+    "text[]": "text[]",
 }
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -92,7 +93,7 @@ class Signature:
 
 
 def _strip_cast(default: str) -> str:
-    return re.sub(r"::[a-z][a-z ]*$", "", default.strip())
+    return re.sub(r"::[a-z][a-z ]*(\[\])?$", "", default.strip())
 
 
 def signatures(conn: psycopg.Connection, schema: str) -> dict[str, Signature]:
@@ -100,8 +101,11 @@ def signatures(conn: psycopg.Connection, schema: str) -> dict[str, Signature]:
     rows = conn.execute(
         """
         SELECT p.proname, p.prokind = 'p',
-               -- IN and INOUT only (a procedure returns its INOUT arguments): each is passed
-               coalesce(p.proargmodes <@ '{i,b}'::"char"[], true), coalesce(p.proargnames, '{}'),
+               -- IN and INOUT only (a procedure returns its INOUT arguments): each is passed;
+               -- RETURNS TABLE's columns (mode t) are results, not arguments
+               coalesce(p.proargmodes <@ '{i,b,t}'::"char"[], true),
+               coalesce(array(SELECT n.name FROM unnest(p.proargnames) WITH ORDINALITY n(name, i)
+                               WHERE p.proargmodes IS NULL OR p.proargmodes[n.i] IN ('i', 'b') ORDER BY n.i), '{}'),
                array(SELECT format_type(u.t, NULL)
                        FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY u(t, i) ORDER BY u.i),
                p.pronargdefaults, pg_get_function_arguments(p.oid)
@@ -327,6 +331,16 @@ def details() -> st.SearchStrategy[str | None]:
                   ensure_ascii=st.booleans()),
         st.builds(json.dumps, _json_tree),
     )
+
+
+def definitions() -> st.SearchStrategy[str | None]:
+    """A jobs file as sync_jobs takes it: mostly objects of register_job's
+    arguments, some values or keys the contract refuses."""
+    value = st.one_of(st.sampled_from(["1 minute", "@hourly", "*/5 * * * *", "UTC", "Mars/Olympus2", "skip", "0", ""]),
+                      st.integers(-2, 1002), texts(), st.none())
+    definition = st.dictionaries(st.sampled_from([*DEFINITION_KEYS, "command", "Schedule"]), value, max_size=4)
+    jobs = st.dictionaries(st.sampled_from(["every", "nightly", "fz-new", "", "a\u202eb"]), definition, max_size=3)
+    return st.one_of(st.none(), st.sampled_from(["[]", "1", '"x"', '{"every": 1}', "{}"]), jobs.map(json.dumps))
 
 
 def texts() -> st.SearchStrategy[str | None]:
@@ -576,8 +590,19 @@ def strategy_for(arg: Arg, live: Live) -> st.SearchStrategy[Any]:
     if key == ("max_events", "bigint"):
         return st.one_of(st.none(), st.sampled_from([999, 1000, 1_000_000_000, 1_000_000_001, 0, -1]),
                          st.integers(-2**63, 2**63 - 1))
-    if key in {("max_backfill", "integer"), ("count", "integer"), ("pause_after_failures", "integer")}:
+    if key in {("max_backfill", "integer"), ("count", "integer"), ("pause_after_failures", "integer"),
+               ("pid", "integer"), ("max_runs", "integer")}:
         return integers32()
+    if key == ("jobs", "text[]"):
+        return st.one_of(st.none(), st.lists(labels(live.jobs), max_size=4))
+    if key == ("overlap_policy", "text"):
+        return st.one_of(st.none(), st.sampled_from([*OVERLAP_POLICIES, "Skip", "", "forbid", "allow_all"]), texts())
+    if key == ("removed", "text"):
+        return st.one_of(st.none(), st.sampled_from(["pause", "unregister", "Pause", "", "delete"]), texts())
+    if key == ("stopping", "boolean"):
+        return st.one_of(st.none(), st.booleans())
+    if key == ("definitions", "jsonb"):
+        return definitions()
     raise LookupError(f"no fuzz strategy for argument {arg.name} {arg.type}: add one to tests/fuzzhelp.py")
 
 
@@ -628,6 +653,21 @@ def friendly(live: Live) -> dict[str, st.SearchStrategy[Any]]:
         "command": known(GOOD_COMMANDS),
         "table_name": known(["fuzz_protect.target"]),
         "mode": known(["lenient", "strict"]),
+        "jobs": known([["every"], ["nightly", "every", "minutely"], [], ["fz-new"]]),
+        "overlap_policy": known([None, *OVERLAP_POLICIES]),
+        "jitter": known([None, "0", "1 second", "1 minute"]),
+        "start_deadline": known([None, "0", "30 seconds", "1 hour"]),
+        "requested_by": known([None, "operator", "cli"]),
+        "scheduler": known(["sched-1", "sched-2"]),
+        "host": known(["host-1", "host-2"]),
+        "version": known(["0.2.0"]),
+        "pid": known([1, 4242]),
+        "stopping": known([False, True]),
+        "max_runs": known([None, 1, 10]),
+        "definitions": known(['{}', '{"every": {"schedule": "15 minutes", "ttl": "10 minutes"}}',
+                              '{"fz-new": {"schedule": "@hourly", "ttl": "1 minute", "jitter": "1 minute"}}']),
+        "source": known(["jobs.toml", "other.toml"]),
+        "removed": known(["pause", "unregister"]),
     }
 
 
@@ -741,9 +781,17 @@ DURATION_BOUNDS = {  # argument -> upper bound in microseconds (a duration has n
     "min_runtime": 365 * 86_400_000_000,
     "max_runtime": 365 * 86_400_000_000,
     "retention": 36_500 * 86_400_000_000,  # configure_events
+    # register_job's scheduler options: 0 clears one (jitter must also stay
+    # under the schedule's shortest gap, which a refusal may name)
+    "jitter": 24 * 3_600_000_000,
+    "start_deadline": 365 * 86_400_000_000,
 }
-ZERO_CLEARS = frozenset({"late_after", "down_after", "min_runtime", "max_runtime"})
-LABEL_ARGS = frozenset({"job", "owner", "resource", "idempotency_key"})
+ZERO_CLEARS = frozenset({"late_after", "down_after", "min_runtime", "max_runtime", "jitter", "start_deadline"})
+LABEL_ARGS = frozenset({"job", "owner", "resource", "idempotency_key", "requested_by", "scheduler", "host",
+                        "version", "source"})
+OVERLAP_POLICIES = ("catch_up", "skip", "buffer_one", "replace")
+DEFINITION_KEYS = ("schedule", "ttl", "max_backfill", "time_zone", "late_after", "down_after", "min_runtime",
+                   "max_runtime", "pause_after_failures", "jitter", "start_deadline", "overlap_policy")
 INSTANT_ARGS = frozenset({"slot", "at", "after", "from_slot", "to_slot"})
 
 # The facts bound_violations() needs, computed by PostgreSQL from the value
@@ -762,6 +810,7 @@ FACT_SQL = {
     "text": "%s::text IS NULL",
     "boolean": "%s::boolean",
     "regclass": "%s::regclass IS NULL",
+    "text[]": "%s::text[] IS NULL",
 }
 
 
@@ -867,6 +916,22 @@ def bound_violations(call: Call, facts: dict[str, Any]) -> list[str]:
                 problems.append(f"{arg.name} is infinite")
             elif not inside:
                 problems.append(f"{arg.name} is outside 1970-01-01 00:00 UTC to before 2200-01-01 00:00 UTC")
+        elif arg.type == "text[]" and arg.name == "jobs":
+            bad = [j for j in value if j is None or label_problem(j)]
+            if bad:
+                problems.append(f"jobs holds {len(bad)} element(s) that are no label")
+        elif arg.name == "overlap_policy" and value not in OVERLAP_POLICIES:
+            problems.append(f"overlap_policy {value!r} is not one of {OVERLAP_POLICIES}")
+        elif arg.name == "removed" and value not in ("pause", "unregister"):
+            problems.append(f"removed {value!r} is not pause or unregister")
+        elif arg.name == "max_runs" and fact < 1:
+            problems.append(f"max_runs {fact} is not positive")
+        elif arg.name == "pid" and fact < 0:
+            problems.append(f"pid {fact} is negative")
+        elif arg.type == "jsonb" and arg.name == "definitions":
+            kind, _ = fact
+            if kind != "object":
+                problems.append(f"definitions is a JSON {kind}, not an object")
         elif arg.type == "jsonb" and arg.name == "detail":
             kind, size = fact
             if kind != "object":

@@ -72,6 +72,7 @@ FUZZED = sorted([
     "unregister_job", "force_release", "request_cancel", "backfill",
     "configure_events", "purge_events", "sync_alerts", "verify_state",
     "protect", "unprotect",
+    "slot_jitter", "next_start", "start_due_runs", "trigger", "scheduler_heartbeat", "scheduler_stop", "sync_jobs",
 ])
 
 # function_scoped_fixture: the fixture's database is shared on purpose, and
@@ -178,7 +179,8 @@ def fuzz(fuzz_dsn: str) -> Iterator[Fuzz]:
 
 # ------------------------------------------------------------------ the catalog and the contract
 
-_DOC_ARG = re.compile(r"^([a-z_]+) (text|bigint|integer|interval|timestamptz|jsonb|boolean|regclass)(?: DEFAULT (.+))?$")
+_DOC_ARG = re.compile(r"^([a-z_]+) (text\[\]|text|bigint|integer|interval|timestamptz|jsonb|boolean|regclass)"
+                      r"(?: DEFAULT (.+))?$")
 
 
 def contract_signatures() -> dict[str, list[tuple[str, str, str | None]]]:

@@ -398,3 +398,15 @@ def test_two_sources_last_writer_wins_loudly(db):
     assert event["detail"]["previous_source"] == "b.toml"
     assert value(db, "SELECT defined_by FROM ledger.jobs WHERE job = 'shared'") == "a.toml"
     assert value(db, "SELECT schedule FROM ledger.jobs WHERE job = 'shared'") == "2 hours"
+
+
+def test_a_job_a_scheduler_stops_serving_is_no_longer_down_for_it(db, ledger_clock):
+    db.execute("SELECT ledger.register_job('moved', '1 hour', '1 minute')")
+    beat = "SELECT ledger.scheduler_heartbeat('s1', 'h', 1, '0.2', %s, '1 minute')"
+    db.execute(beat, (["moved", "other"],))
+    db.execute(beat, (["other"],))
+    assert value(db, "SELECT count(*) FROM ledger.scheduler_jobs WHERE job = 'moved'") == 0
+    ledger_clock.advance(timedelta(seconds=61))
+    assert value(db, "SELECT state FROM ledger.job_health WHERE job = 'moved'") == "never_run"
+    db.execute("SELECT ledger.scheduler_stop('s1')")
+    assert value(db, "SELECT count(*) FROM ledger.scheduler_jobs") == 0
