@@ -721,4 +721,7 @@ TRIGGER = "SELECT ledger.trigger(job => %(job)s, requested_by => %(requested_by)
 
 LISTEN_SCHEDULER = "LISTEN ledger_scheduler"
 
+# What became of a trigger (`jobledger trigger --here` when another scheduler was faster).
+TRIGGER_STATE = "SELECT t.status, t.run_id, t.skip_reason FROM ledger.triggers AS t WHERE t.trigger_id = %(trigger_id)s"
+
 REAP_ALL = "SELECT ledger.reap_expired()"

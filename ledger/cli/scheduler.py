@@ -187,8 +187,7 @@ def _run_here(conn: psycopg.Connection[Any], dsn: str, definition: JobDefinition
     with conn.cursor(row_factory=dict_row) as cursor:
         cursor.execute(queries.START_DUE_RUNS, {"jobs": [definition.name], "owner": owner, "max_runs": 1})
         row = cursor.fetchone()
-        cursor.execute("SELECT t.status, t.run_id, t.skip_reason FROM ledger.triggers t WHERE t.trigger_id = %s",
-                       (trigger_id,))
+        cursor.execute(queries.TRIGGER_STATE, {"trigger_id": trigger_id})
         state = cursor.fetchone()
     if row is None or row["trigger_id"] != trigger_id:
         if row is not None:
