@@ -21,6 +21,7 @@ from ledger.errors import (
 )
 from ledger.identity import default_owner
 from ledger.models import Event, EventSettings, Job, JobStatus, Lease, Run, RunStart
+from ledger.scheduler.serve import ServedJob, job, serve, serve_async
 
 __all__ = [
     "AsyncLeaseContext",
@@ -48,7 +49,11 @@ __all__ = [
     "RunNotRunning",
     "RunStart",
     "ScheduledJob",
+    "ServedJob",
     "StaleToken",
     "default_owner",
+    "job",
+    "serve",
+    "serve_async",
 ]
 __version__ = "0.2.0.dev0"

@@ -626,9 +626,11 @@ class RunContext(_Holding):
                  slot: datetime | None = None, idempotency_key: str | None = None,
                  detail: Mapping[str, Any] | None = None, heartbeat_interval: timedelta | None = None,
                  on_lost: OnLost | None = None, due: bool = False,
-                 backfill: tuple[datetime, datetime] | None = None) -> None:
+                 backfill: tuple[datetime, datetime] | None = None,
+                 adopt: tuple[RunStart, timedelta | None, float] | None = None) -> None:
         super().__init__(ledger, job, on_lost)
         self._ttl = ttl
+        self._adopt = adopt
         self._slot = slot
         self._backfill = backfill
         self._idempotency_key = idempotency_key
@@ -708,7 +710,9 @@ class RunContext(_Holding):
         control = self._ledger._open_control(self.job)
         self._control = control
         try:
-            if self._backfill is not None:  # ledger.backfill: the oldest slot of the range not done
+            if self._adopt is not None:  # started by ledger.start_due_runs: heartbeat and end it only
+                start, time_left, sent = self._adopt
+            elif self._backfill is not None:  # ledger.backfill: the oldest slot of the range not done
                 params: dict[str, Any] = {"job": self.job, "owner": self.owner, "ttl": self._ttl,
                                           "from_slot": self._backfill[0], "to_slot": self._backfill[1]}
                 rows, sent = control.call(queries.BACKFILL, params, dict_row)
@@ -719,7 +723,8 @@ class RunContext(_Holding):
                 params = {"job": self.job, "owner": self.owner, "ttl": self._ttl, "slot": self._slot,
                           "idempotency_key": self._idempotency_key, "detail": jsonb(self._start_detail)}
                 rows, sent = control.call(queries.START_RUN, params, dict_row)
-            start, time_left = run_start(rows[0])
+            if self._adopt is None:
+                start, time_left = run_start(rows[0])
         except BaseException:
             control.close()
             raise
@@ -1227,6 +1232,14 @@ class Ledger:
 
     def resume_job(self, job: str) -> bool:
         return bool(self._call(queries.RESUME_JOB, {"job": job}, scalar_row)[0])
+
+    def trigger(self, job: str, *, requested_by: str | None = None,
+                detail: Mapping[str, Any] | None = None) -> int:
+        """Ask for a manual run of ``job`` now (``ledger.trigger``): the trigger's id. A scheduler starts it
+        (respecting the lease and the job's overlap policy), logged as manual; a pending one is returned
+        again rather than doubled."""
+        params = {"job": job, "requested_by": requested_by, "detail": jsonb(detail)}
+        return int(self._call(queries.TRIGGER, params, scalar_row)[0])
 
     def protect(self, table: str, job: str, *, mode: str = "lenient") -> str:
         """``ledger.protect``: refuse every write to ``table`` (a name, resolved in the connection's

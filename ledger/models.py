@@ -89,6 +89,10 @@ class Job:
     pause_after_failures: int | None = None
     paused_at: datetime | None = None
     pause_reason: str | None = None
+    jitter: timedelta | None = None  # a per-slot start offset in [0, jitter) (ledger.slot_jitter)
+    start_deadline: timedelta | None = None  # a slot not started within this is skipped
+    overlap_policy: str = "catch_up"  # catch_up, skip, buffer_one, replace
+    defined_by: str | None = None  # the jobs file (ledger.sync_jobs source) that defined it last
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,7 @@ class JobStatus:
     #: The job's one state (docs/contract.md, ledger.job_health): crashed, overrun, paused, running, down,
     #: late, failing, never_run or ok.
     state: str | None
+    skipped_deadline: int | None = None  # slots skipped by their start_deadline
 
 
 @dataclass(frozen=True)

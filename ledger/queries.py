@@ -715,3 +715,39 @@ SELECT (SELECT count(*) FROM ledger.jobs AS j WHERE j.job = ANY(%(jobs)s::text[]
        (SELECT count(*) FROM ledger.leases AS l WHERE l.job = ANY(%(jobs)s::text[])) AS leases,
        (SELECT count(*) FROM ledger.fences AS f WHERE f.resource = ANY(%(resources)s::text[])) AS fences
 """
+
+# -- the scheduler (ledger.scheduler) ----------------------------------------------------
+
+# The earliest moment something of these jobs is due to start (NULL: nothing ever).
+NEXT_START = "SELECT ledger.next_start(jobs => %(jobs)s) - clock_timestamp() AS wait"
+
+# What is due of these jobs, started in one call; time_left as START_DUE_RUN computes it, for the
+# adopting run context's local deadline.
+START_DUE_RUNS = """
+SELECT s.job, s.outcome, s.run_id, s.token, s.expires_at, s.slot, s.trigger_id,
+       s.expires_at - clock_timestamp() AS time_left
+  FROM ledger.start_due_runs(jobs => %(jobs)s, owner => %(owner)s, max_runs => %(max_runs)s) AS s
+"""
+
+SCHEDULER_HEARTBEAT = """
+SELECT ledger.scheduler_heartbeat(scheduler => %(scheduler)s, host => %(host)s, pid => %(pid)s,
+                                  version => %(version)s, jobs => %(jobs)s, ttl => %(ttl)s,
+                                  stopping => %(stopping)s)
+"""
+
+SCHEDULER_STOP = "SELECT ledger.scheduler_stop(scheduler => %(scheduler)s)"
+
+SYNC_JOBS = """
+SELECT s.job, s.action
+  FROM ledger.sync_jobs(definitions => %(definitions)s, source => %(source)s, removed => %(removed)s) AS s
+ ORDER BY s.job
+"""
+
+TRIGGER = "SELECT ledger.trigger(job => %(job)s, requested_by => %(requested_by)s, detail => %(detail)s)"
+
+LISTEN_SCHEDULER = "LISTEN ledger_scheduler"
+
+# What became of a trigger (`jobledger trigger --here` when another scheduler was faster).
+TRIGGER_STATE = "SELECT t.status, t.run_id, t.skip_reason FROM ledger.triggers AS t WHERE t.trigger_id = %(trigger_id)s"
+
+REAP_ALL = "SELECT ledger.reap_expired()"

@@ -61,7 +61,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import FrameType, TracebackType
@@ -75,6 +75,7 @@ from ledger.client import Ledger, RunContext
 from ledger.durations import format_duration
 from ledger.errors import FenceNotCommitted, InvalidArgument, LeaseLost, LedgerError, missing_ledger
 from ledger.heartbeat import LOST_REASONS
+from ledger.scheduler.jobsfile import JobDefinition
 from ledger.text import first_line
 
 EXIT_FENCE_NOT_COMMITTED = 122
@@ -124,6 +125,8 @@ class Options:
     backfill: tuple[datetime, datetime] | None = None  # `jobledger backfill`: the slots of this range
     pgoptions: bool = False  # CMD's libpq sessions carry the token too (PGOPTIONS): protected tables accept them
     fenced: tuple[str, ...] = ()  # resources CMD fences: complete_run records success only when each holds the token
+    env: Mapping[str, str] = field(default_factory=dict)  # added to CMD's environment (a jobs file's env)
+    cwd: str | None = None  # CMD's working directory (a jobs file's cwd)
 
 
 def carried_options(pgoptions: str, job: str, token: int | None) -> str:
@@ -336,15 +339,19 @@ class Wrapper:
     connection itself only knows the host it reached).
     """
 
-    def __init__(self, conn: psycopg.Connection[Any], options: Options, *, owner: str | None = None,
-                 say: Callable[[str], None], stderr: IO[bytes] | None = None) -> None:
+    def __init__(self, conn: psycopg.Connection[Any] | None, options: Options, *, owner: str | None = None,
+                 say: Callable[[str], None], stderr: IO[bytes] | None = None, ledger: Ledger | None = None,
+                 max_runtime: timedelta | None = None) -> None:
         self._conn = conn
-        self._ledger = Ledger(conn, owner=owner, heartbeat_conninfo=options.dsn)
+        if ledger is None:
+            assert conn is not None
+            ledger = Ledger(conn, owner=owner, heartbeat_conninfo=options.dsn)
+        self._ledger = ledger
         self._options = options
         self._say = say
         self._stderr = stderr if stderr is not None else getattr(sys.stderr, "buffer", None)
         self._signals = Signals()
-        self._max_runtime: timedelta | None = None  # the job's registered max_runtime, read by _loop
+        self._max_runtime: timedelta | None = max_runtime  # the job's registered max_runtime, read by _loop
         self._group: int | None = None  # CMD's process group while it runs (the reaper's pid, or CMD's)
         self._fenced_file: str | None = None  # LEDGER_FENCED_FILE of the attempt that runs
 
@@ -365,6 +372,26 @@ class Wrapper:
                 self._say(f"error: {message}{hint}")
                 return EXIT_LEDGER_ERROR
 
+    def run_adopted(self, run: RunContext) -> int:
+        """CMD under ``run``, a run started already (the scheduler's ``start_due_runs``), with the retries;
+        the exit code as :meth:`run` gives it. Called from a scheduler's worker thread: no signal handlers,
+        :meth:`cancel` stops it."""
+        try:
+            ending = self._attempt(run, 1)
+            assert ending is not None
+            code = self._retry(run, ending, 1)
+            return 0 if code is None else code
+        except LeaseLost as error:
+            self._say(str(error))
+            return EXIT_LEASE_LOST
+        except (psycopg.Error, LedgerError) as error:
+            self._say(f"error: {first_line(error)}")
+            return EXIT_LEDGER_ERROR
+
+    def cancel(self, number: int = signal.SIGTERM) -> None:
+        """As if the wrapper received signal ``number``: forwarded to CMD, the run recorded cancelled."""
+        self._signals.received.append(number)
+
     # -- the runs --------------------------------------------------------------
 
     def _loop(self) -> int:
@@ -380,28 +407,36 @@ class Wrapper:
             if ending is None:
                 return self._not_started(run, ran)
             ran += 1
-            attempt = 1
-            while ending.retryable and attempt <= self._options.retries:
-                wait = backoff_delay(self._options.backoff, attempt)
-                self._say(f"attempt {attempt} of {self._options.retries + 1} failed: retrying in "
-                          f"{format_duration(wait)}")
-                if not self._sleep(wait):
-                    number = self._signals.received[0]
-                    self._say(f"{signal_name(number)} received: no more retries")
-                    return 128 + number
-                attempt += 1
-                # The same slot (None for a job without schedule): a run of its own, a new start_run.
-                retry = RunContext(self._ledger, job, ttl=self._options.ttl, slot=run.slot)
-                next_ending = self._attempt(retry, attempt)
-                if next_ending is None:  # another owner holds the job, or the slot is done meanwhile
-                    self._not_started(retry, ran)
-                    return 0 if retry.outcome == "already_done" else self._failure_code(ending)
-                run, ending = retry, next_ending
-            if ending.failed:
-                # The loop stops at a run that did not succeed: its slot is retried next time.
-                return self._failure_code(ending)
+            code = self._retry(run, ending, ran)
+            if code is not None:
+                return code
             if not scheduled and self._options.backfill is None:
                 return 0
+
+    def _retry(self, run: RunContext, ending: _Ending, ran: int) -> int | None:
+        """The retries of a failed attempt; the exit code when the loop stops here, None when it goes on."""
+        job = self._options.job
+        attempt = 1
+        while ending.retryable and attempt <= self._options.retries:
+            wait = backoff_delay(self._options.backoff, attempt)
+            self._say(f"attempt {attempt} of {self._options.retries + 1} failed: retrying in "
+                      f"{format_duration(wait)}")
+            if not self._sleep(wait):
+                number = self._signals.received[0]
+                self._say(f"{signal_name(number)} received: no more retries")
+                return 128 + number
+            attempt += 1
+            # The same slot (None for a job without schedule): a run of its own, a new start_run.
+            retry = RunContext(self._ledger, job, ttl=self._options.ttl, slot=run.slot)
+            next_ending = self._attempt(retry, attempt)
+            if next_ending is None:  # another owner holds the job, or the slot is done meanwhile
+                self._not_started(retry, ran)
+                return 0 if retry.outcome == "already_done" else self._failure_code(ending)
+            run, ending = retry, next_ending
+        if ending.failed:
+            # The loop stops at a run that did not succeed: its slot is retried next time.
+            return self._failure_code(ending)
+        return None
 
     def _attempt(self, run: RunContext, attempt: int) -> _Ending | None:
         """One run: CMD under ``run``, ended the way CMD ended; None when the ledger did not start it."""
@@ -504,6 +539,8 @@ class Wrapper:
         job = self._options.job
         if run.holder is not None and run.holder != run.owner:
             slot, holder, until = run.slot, run.holder, run.holder_expires_at
+        elif self._conn is None:  # a scheduler's wrapper: no connection of its own to ask
+            return None
         else:
             row = self._conn.execute(queries.RUNNING_HOLDER, {"job": job}).fetchone()
             if row is None or row[2] == run.owner:
@@ -517,6 +554,7 @@ class Wrapper:
     def _environment(self, run: RunContext) -> dict[str, str]:
         """Ours, plus the run's facts: LEDGER_JOB and LEDGER_FENCING_TOKEN are the fence's arguments."""
         env = dict(os.environ)
+        env.update(self._options.env)
         env.update({
             "LEDGER_JOB": run.job,
             "LEDGER_RUN_ID": str(run.run_id),
@@ -575,7 +613,7 @@ class Wrapper:
             group: dict[str, Any] = ({"process_group": target} if sys.version_info >= (3, 11)
                                      else {"preexec_fn": (lambda pgid=target: os.setpgid(0, pgid))})
             try:
-                process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, **group)
+                process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, cwd=self._options.cwd, **group)
             except PermissionError:
                 if target == 0 or (reaper is not None and reaper.alive()):
                     raise  # CMD's own (not executable)
@@ -657,6 +695,7 @@ class Wrapper:
 
     def _job_options(self, job: str) -> tuple[bool, timedelta | None]:
         """Whether the job has a schedule, and its registered max_runtime (one read, before the runs)."""
+        assert self._conn is not None  # the scheduler's wrappers are given these facts instead
         row = self._conn.execute(queries.JOB_RUN_OPTIONS, {"job": job}).fetchone()
         return (bool(row[0]), row[1]) if row else (False, None)
 
@@ -692,3 +731,43 @@ def _cancelled(run: RunContext) -> bool:
 
 def _local(moment: datetime | None) -> str:
     return "?" if moment is None else moment.astimezone().isoformat(timespec="seconds")
+
+
+class CommandRunner:
+    """The scheduler's runner for a jobs file's commands: each run is a :class:`Wrapper`'s, with
+    ``jobledger run``'s semantics (environment, heartbeat, timeout and the job's max_runtime, retries,
+    exit code and stderr tail in the log, CMD's process group reaped with us).
+
+    The scheduler's ``stop`` (its grace is over) is a SIGTERM forwarded to CMD, SIGKILL ``grace`` later:
+    the run is recorded ``cancelled``.
+    """
+
+    def __init__(self, dsn: str, *, grace: timedelta = timedelta(seconds=10), say: Callable[[str], None],
+                 verbose: bool = False) -> None:
+        self._dsn = dsn
+        self._grace = grace
+        self._say = say
+        self._verbose = verbose
+
+    def __call__(self, ledger: Ledger, run: RunContext, job: JobDefinition, stop: threading.Event) -> int:
+        """The run's exit code, as ``jobledger run`` would exit."""
+        options = Options(job=job.name, argv=job.argv, ttl=job.ttl, grace=self._grace, verbose=self._verbose,
+                          dsn=self._dsn, timeout=job.timeout, retries=job.retries, backoff=job.backoff,
+                          env=job.env, cwd=job.cwd)
+        max_runtime = job.register.get("max_runtime")
+        wrapper = Wrapper(None, options, say=self._say, ledger=ledger,
+                          max_runtime=max_runtime if isinstance(max_runtime, timedelta) else None)
+        finished = threading.Event()
+
+        def watch() -> None:
+            while not finished.is_set():
+                if stop.wait(0.1):
+                    wrapper.cancel(signal.SIGTERM)
+                    return
+
+        watcher = threading.Thread(target=watch, name=f"jobledger-stop:{job.name}", daemon=True)
+        watcher.start()
+        try:
+            return wrapper.run_adopted(run)
+        finally:
+            finished.set()

@@ -11,6 +11,8 @@ group of commands:
 - ``ledger.cli.events``: ``events``, ``watch``, ``configure-events`` (``ledger.events``, ``ledger.tail``);
 - ``ledger.cli.notify``: ``notify``, alert events to a webhook (``ledger.tail``, ``ledger.webhook``);
 - ``ledger.cli.run``: ``run``, the wrapper (``ledger.wrapper``);
+- ``ledger.cli.scheduler``: ``scheduler`` (its ``check``, ``import-crontab``), ``trigger``
+  (``ledger.scheduler``, its commands run by ``ledger.wrapper``);
 - ``ledger.cli.protect``: ``protect``, ``unprotect``, a table's writes fenced (``ledger.protect``);
 - ``ledger.cli.report``: ``report`` (``ledger.report``);
 - ``ledger.cli.metrics``: ``metrics`` (``ledger.metrics``);
@@ -38,7 +40,8 @@ import sys
 import click
 
 from ledger import __version__
-from ledger.cli import demo, events, install, jobs, metrics, notify, protect, report, risks, run, status, verify, web
+from ledger.cli import (demo, events, install, jobs, metrics, notify, protect, report, risks, run, scheduler, status,
+                        verify, web)
 from ledger.cli import next as preview  # not `next`: the builtin
 from ledger.cli._output import Commands
 
@@ -63,6 +66,7 @@ def main() -> None:
         log.propagate = False
 
 
-for _module in (install, jobs, status, risks, preview, events, notify, run, protect, report, metrics, web, demo, verify):
+for _module in (install, jobs, status, risks, preview, events, notify, run, scheduler, protect, report, metrics, web,
+                demo, verify):
     for _command in _module.COMMANDS:
         main.add_command(_command)

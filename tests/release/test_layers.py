@@ -20,7 +20,11 @@ The package has two layers. The library (``ledger.client``, ``ledger.connect``,
 
 What two applications share lives in the library: the read-only transaction
 (``ledger.readonly``), a schedule in words (``ledger.schedule_words``), the
-wait between two attempts (``ledger._backoff``).
+wait between two attempts (``ledger._backoff``). The scheduler's loop, its jobs
+file and ``ledger.serve`` (``ledger.scheduler``) are library too: the command
+runner it hands a jobs file's commands to is the wrapper's
+(``ledger.wrapper.CommandRunner``), joined to the loop by ``jobledger
+scheduler`` (``ledger.cli.scheduler``).
 
 Each module is imported in a fresh interpreter and ``sys.modules`` is read
 afterwards, so an import made on the way (a module that imports one that
@@ -102,7 +106,9 @@ CHECKED = [module for module in MODULES if _forbidden(module)]
 
 def test_every_application_and_the_library_are_checked():
     assert {"ledger.web.schedules", "ledger.web.reads", "ledger.metrics", "ledger.webhook", "ledger.wrapper",
-            "ledger", "ledger.client", "ledger.readonly", "ledger.schedule_words", "ledger._backoff"} <= set(CHECKED)
+            "ledger", "ledger.client", "ledger.readonly", "ledger.schedule_words", "ledger._backoff",
+            "ledger.scheduler.loop", "ledger.scheduler.jobsfile", "ledger.scheduler.serve",
+            "ledger.scheduler.sync", "ledger.scheduler.crontab"} <= set(CHECKED)
     assert not any(_within(module, "ledger.cli") for module in CHECKED)  # the CLI may import every part
 
 
