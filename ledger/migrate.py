@@ -52,7 +52,9 @@ _alembic_lock = threading.Lock()
 
 # A migration waits at most 2 s for a table lock (migrations/env.py), so that
 # the runners queued behind it wait no longer; a busy ledger may need a few
-# tries. Each try is one transaction, undone whole when it gives up.
+# tries. Each try is one transaction, undone whole when it gives up, or when
+# the server broke a deadlock with a runner that took two of its tables in
+# the other order by aborting it.
 LOCK_TRIES = 5
 
 
@@ -62,7 +64,7 @@ def _tries(attempt: Callable[[], None]) -> None:
             with _alembic_lock, _psycopg_errors():
                 attempt()
             return
-        except psycopg.errors.LockNotAvailable:
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
             if number == LOCK_TRIES:
                 raise
             time.sleep(0.2 * number)  # let the queue behind the given-up lock drain

@@ -1,0 +1,32 @@
+"""the scheduler
+
+Revision ID: 0007
+Revises: 0006
+
+Drafted by tools/draft_revision.py from sql/; frozen once released.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import op
+
+from ledger.migrate import execute_sql
+
+revision = "0007"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+# Frozen beside this file; never the live sql/, or history would move with it.
+UPGRADE_SQL = Path(__file__).with_name("0007_the_scheduler.sql")
+DOWNGRADE_SQL = Path(__file__).with_name("0007_the_scheduler.downgrade.sql")
+
+
+def upgrade() -> None:
+    execute_sql(op.get_context(), UPGRADE_SQL.read_text())
+
+
+def downgrade() -> None:
+    execute_sql(op.get_context(), DOWNGRADE_SQL.read_text())
