@@ -161,8 +161,6 @@ CREATE TABLE ledger.counters (
     skipped_overlap  bigint NOT NULL DEFAULT 0,
     skipped_backfill bigint NOT NULL DEFAULT 0,
     leases_lost      bigint NOT NULL DEFAULT 0,
-    -- slots skipped because their start deadline had passed
-    skipped_deadline bigint NOT NULL DEFAULT 0,
     -- The job's state, so that the whole-ledger reads (job_status,
     -- job_health, alerts, a metrics scrape) cost per job, not per log row,
     -- and never evaluate a schedule. Each is what the log (and what
@@ -205,6 +203,9 @@ CREATE TABLE ledger.counters (
     latest_end              timestamptz,
     overlap_run_id          bigint,
     down_due                timestamptz,
+    -- slots skipped because their start deadline had passed (last: the
+    -- column 0007 added, where an upgrade puts it)
+    skipped_deadline        bigint NOT NULL DEFAULT 0,
     CONSTRAINT counters_non_negative CHECK (
         runs_started >= 0 AND successes >= 0 AND failures >= 0
         AND skipped_overlap >= 0 AND skipped_backfill >= 0 AND leases_lost >= 0
