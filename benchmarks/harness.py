@@ -69,6 +69,17 @@ class Pair:
     # "notify" switches pg_notify on. The raw side always runs on the defaults.
     events: str | None = None
 
+    @property
+    def ceiling(self) -> str:
+        """The raw script's statements, each in a PL/pgSQL SECURITY DEFINER function with a fixed search_path."""
+        return CEILINGS[self.raw]
+
+
+# The ceiling of each raw floor (pgbench/ceil_*.sql, functions in setup.sql): what a
+# function-based API costs at the very least. ../shared/bench-ceiling/run.sh compares the kinds of function.
+CEILINGS = {"raw_acquire": "ceil_acquire", "raw_cycle": "ceil_cycle", "raw_insert": "ceil_insert",
+            "raw_hot": "ceil_hot"}
+
 
 PAIRS: list[Pair] = [
     Pair("acquire-1", "`acquire` vs one CAS `UPDATE`", "raw_acquire", "ledger_acquire", 1, 0.9, 0.65, "~3,100 tps"),
@@ -376,17 +387,19 @@ def measure_pairs(bench: PgBench, pairs: Iterable[Pair]) -> list[dict[str, Any]]
     rows = []
     for (raw_script, clients, hot), members in groups.items():
         # Keyed by side: several pairs may run one ledger script with other settings.
-        sides: list[tuple[str, str, Pair | None]] = [("raw", raw_script, None)]
+        # raw, then the ceiling (the raw statements in the API's kind of function), then the ledger
+        sides: list[tuple[str, str, Pair | None]] = [("raw", raw_script, None), ("ceiling", CEILINGS[raw_script], None)]
         sides += [(p.id, p.ledger, p) for p in members]
         runs: dict[str, list[dict[str, Any]]] = {side: [] for side, _, _ in sides}
         name = "+".join(p.id for p in members)
         for round_ in range(bench.config.rounds):
             for side, script, pair in sides:
                 bench.ctl.execute(EVENT_SETTINGS[pair.events if pair else None])
-                before = bench.hot_runs(side == "raw") if hot else None
+                on_raw_tables = side in ("raw", "ceiling")
+                before = bench.hot_runs(on_raw_tables) if hot else None
                 result = bench.run(script, clients)
                 if hot:
-                    after = bench.hot_runs(side == "raw")
+                    after = bench.hot_runs(on_raw_tables)
                     if before is not None and after is not None:
                         result["started"] = after - before
                         result["started_share"] = round((after - before) / max(result["transactions"], 1), 4)
@@ -395,6 +408,8 @@ def measure_pairs(bench: PgBench, pairs: Iterable[Pair]) -> list[dict[str, Any]]
         bench.ctl.execute(EVENT_SETTINGS[None])
         raw_runs = runs["raw"]
         raw = _side("raw", raw_script, raw_runs)
+        ceiling_runs = runs["ceiling"]
+        ceiling = _side("ceiling", CEILINGS[raw_script], ceiling_runs)
         for pair in members:
             ledger_runs = runs[pair.id]
             ledger = _side("ledger", pair.ledger, ledger_runs)
@@ -402,7 +417,9 @@ def measure_pairs(bench: PgBench, pairs: Iterable[Pair]) -> list[dict[str, Any]]
             rows.append({
                 "id": pair.id, "kind": "pair", "operation": pair.operation, "clients": pair.clients,
                 "jobs": 1 if pair.hot else bench.config.jobs, "unit": "tps", "raw": raw, "ledger": ledger,
-                "ratio": round(ratio, 4),
+                "ratio": round(ratio, 4), "ceiling": ceiling,
+                "ceiling_ratio": round(ceiling["median"] / raw["median"], 4),
+                "ratio_to_ceiling": round(ledger["median"] / ceiling["median"], 4),
                 "round_ratios": [round(b["tps"] / a["tps"], 4) for a, b in zip(raw_runs, ledger_runs)],
                 "target": pair.target, "met": None if pair.target is None else ratio >= pair.target,
                 "issue_ratio": pair.issue_ratio, "issue_raw": pair.issue_raw, "note": pair.note,
@@ -697,9 +714,14 @@ def markdown(results: dict[str, Any]) -> str:
         f"psycopg_pool {software.get('psycopg_pool')}, redis-py {software.get('redis_py')}, Redis "
         f"{software.get('redis_server', '—')}.",
         "",
-        "| operation | clients | raw floor (tps) | ledger (tps) | ratio ledger/raw | per round | at the issue | "
-        "target | met |",
-        "|---|---:|---:|---:|---:|---|---:|---:|---|",
+        "The ceiling is the raw floor's very statements, each in a PL/pgSQL `SECURITY DEFINER` function "
+        "with a fixed `search_path` (`bench_ceil` in `benchmarks/pgbench/setup.sql`), the kind of function "
+        "the ledger's API is: ceiling/raw is what the wrapper alone costs, ledger/ceiling what the ledger's "
+        "own work around the statements costs.",
+        "",
+        "| operation | clients | raw floor (tps) | ceiling (tps) | ledger (tps) | ratio ledger/raw | "
+        "ceiling/raw | ledger/ceiling | per round | at the issue | target | met |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     for pair in PAIRS:
         row = rows.get(pair.id)
@@ -708,9 +730,14 @@ def markdown(results: dict[str, Any]) -> str:
         then = f"{row['issue_ratio']:.2f}" if row["issue_ratio"] is not None else "—"
         target = f"≥ {row['target']}" if row["target"] is not None else "—"
         jobs = "1 hot job" if pair.hot else f"{row['jobs']:,} jobs"
+        ceiling = row.get("ceiling")
+        if ceiling:
+            ceiling_cells = (f"{_tps(ceiling['median'])} | {_tps(row['ledger']['median'])} | **{row['ratio']:.2f}** | "
+                             f"{row['ceiling_ratio']:.2f} | {row['ratio_to_ceiling']:.2f}")
+        else:  # a results file written before the ceiling was measured
+            ceiling_cells = f"— | {_tps(row['ledger']['median'])} | **{row['ratio']:.2f}** | — | —"
         out.append(f"| {row['operation']}, {jobs} | {row['clients']} | {_tps(row['raw']['median'])} | "
-                   f"{_tps(row['ledger']['median'])} | **{row['ratio']:.2f}** | {_per_round(row)} | {then} | "
-                   f"{target} | {_met(row)} |")
+                   f"{ceiling_cells} | {_per_round(row)} | {then} | {target} | {_met(row)} |")
     dagger = (f"† its rounds disagree by more than {NOISY - 1:.0%} (the machine was busy then): rerun that row "
               "(`--only ROW`) before reading much into it.")
     if any(_noisy(r["round_ratios"]) for r in rows.values() if r["kind"] == "pair"):

@@ -66,3 +66,54 @@ SELECT 'job-' || i, timezone('utc', now()) - interval '1 day', timezone('utc', n
   FROM generate_series(1, :jobs) i;
 
 VACUUM ANALYZE;
+
+-- The ceiling (issue 24): the raw floor's very statements, each wrapped in
+-- the kind of function the ledger's API is, PL/pgSQL SECURITY DEFINER with a
+-- fixed search_path. What a function-based API costs at the very least:
+-- between the floor and it lies the wrapper; between it and the ledger, the
+-- ledger's own work. ../shared/bench-ceiling/run.sh compares the kinds.
+CREATE SCHEMA bench_ceil;
+CREATE FUNCTION bench_ceil.acquire(job text, owner text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE v_token bigint;
+BEGIN
+    UPDATE bench_raw.leases l
+       SET owner = acquire.owner, token = l.token + 1,
+           acquired_at = clock_timestamp(), expires_at = clock_timestamp() + interval '1 hour'
+     WHERE l.job = acquire.job
+       AND (l.expires_at <= clock_timestamp() OR l.owner = acquire.owner)
+    RETURNING l.token INTO v_token;
+    RETURN v_token;
+END $$;
+CREATE FUNCTION bench_ceil.start(job text, owner text, OUT run_id bigint, OUT token bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    WITH l AS (
+        UPDATE bench_raw.leases l
+           SET owner = start.owner, token = l.token + 1,
+               acquired_at = clock_timestamp(), expires_at = clock_timestamp() + interval '1 hour'
+         WHERE l.job = start.job
+           AND (l.expires_at <= clock_timestamp() OR l.owner = start.owner)
+        RETURNING l.job, l.owner, l.token)
+    INSERT INTO bench_raw.runs AS r (job, owner, token, status, started_at)
+    SELECT l.job, l.owner, l.token, 'running', clock_timestamp() FROM l
+    RETURNING r.run_id, r.token INTO run_id, token;
+END $$;
+CREATE FUNCTION bench_ceil.complete(run_id bigint, token bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE v_released bigint;
+BEGIN
+    WITH r AS (
+        UPDATE bench_raw.runs r SET status = 'success', ended_at = clock_timestamp()
+         WHERE r.run_id = complete.run_id AND r.token = complete.token AND r.status = 'running'
+        RETURNING r.job, r.token)
+    UPDATE bench_raw.leases l SET expires_at = clock_timestamp()
+      FROM r WHERE l.job = r.job AND l.token = r.token
+    RETURNING l.token INTO v_released;
+    RETURN v_released;
+END $$;
+CREATE FUNCTION bench_ceil.write(job integer, payload text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO bench_app.writes (job, payload) VALUES (write.job, write.payload);
+END $$;

@@ -65,6 +65,10 @@ def test_bench_smoke(pg_server, tmp_path: Path) -> None:  # type: ignore[no-unty
         if row["kind"] in ("pair", "python"):
             assert row["raw"]["median"] > 0 and row["ledger"]["median"] > 0, row_id
             assert row["ratio"] > 0 and len(row["round_ratios"]) == 1, row_id
+            if row["kind"] == "pair":
+                # beside the floor, the ceiling: the raw statements in the API's kind of function
+                assert row["ceiling"]["median"] > 0, row_id
+                assert row["ceiling_ratio"] > 0 and row["ratio_to_ceiling"] > 0, row_id
         else:
             assert row["value"]["median"] > 0, row_id
     meta = results["meta"]
