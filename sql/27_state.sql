@@ -134,10 +134,14 @@ $$;
 --                      row goes with it, and the job is no longer known;
 --   'recomputed'       a write past the functions changed its log: the row
 --                      is recomputed from the log (ledger._state_from_log).
--- It takes the job's lease row first, as every writer of a job does (the
--- callers took it already: a second lock of one's own row waits for
--- nothing), so two transitions of a job never interleave. purge_log writes
--- no state row: what it removes stays counted (ledger.purged_state).
+-- It takes the job's lease row first, as every writer of a job does, so
+-- two transitions of a job never interleave; the hot path's transitions
+-- ('leased', 'started', 'ended', 'lost') skip that lock, since their callers
+-- (acquire, ledger._start, ledger._end_run, ledger._close_lost's callers)
+-- hold the row already, locked or inserted in this transaction, and a second
+-- lock of a row one just updated is no wait but a WAL record of its own.
+-- purge_log writes no state row: what it removes stays counted
+-- (ledger.purged_state).
 CREATE FUNCTION ledger._set_state(job text, event text, run ledger.job_execution_log DEFAULT NULL,
                                    slots bigint DEFAULT NULL)
 RETURNS void
@@ -152,7 +156,9 @@ DECLARE
     v_next   timestamptz;  -- the due marks after the run's slot
     v_down   timestamptz;
 BEGIN
-    PERFORM FROM ledger.leases l WHERE l.job = _set_state.job FOR UPDATE;
+    IF event NOT IN ('leased', 'started', 'ended', 'lost') THEN
+        PERFORM FROM ledger.leases l WHERE l.job = _set_state.job FOR UPDATE;
+    END IF;
     CASE event
     WHEN 'leased' THEN
         INSERT INTO ledger.counters AS c (job) VALUES (_set_state.job)
