@@ -82,20 +82,20 @@ CEILINGS = {"raw_acquire": "ceil_acquire", "raw_cycle": "ceil_cycle", "raw_inser
 
 
 PAIRS: list[Pair] = [
-    Pair("acquire-1", "`acquire` vs one CAS `UPDATE`", "raw_acquire", "ledger_acquire", 1, 0.9, 0.65, "~3,100 tps"),
+    Pair("acquire-1", "`acquire` vs one CAS `UPDATE`", "raw_acquire", "ledger_acquire", 1, 0.85, 0.65, "~3,100 tps"),
     Pair("cycle-1", "`start_run` + `complete_run` vs the raw two-commit cycle", "raw_cycle", "ledger_cycle", 1,
-         0.85, 0.49, "~1,050 tps"),
+         0.8, 0.72, "~1,050 tps"),
     Pair("fence-1", "`fence` + app INSERT vs the bare INSERT (BEGIN/COMMIT)", "raw_insert", "ledger_fence", 1,
-         0.8, 0.68, "~2,600 tps"),
+         0.8, 0.60, "~2,600 tps"),
     Pair("fence-folded-1", "fence folded into the INSERT (`INSERT ... SELECT ledger.fence(...)`) vs the bare INSERT",
          "raw_insert", "ledger_fence_folded", 1, None, None, "", note="informational: no target in the issue"),
-    Pair("acquire-8", "`acquire` vs CAS", "raw_acquire", "ledger_acquire", 8, 0.6, 0.34, "~5,800 tps"),
+    Pair("acquire-8", "`acquire` vs CAS", "raw_acquire", "ledger_acquire", 8, 0.85, 0.48, "~5,800 tps"),
     Pair("cycle-8", "start + complete vs the raw cycle", "raw_cycle", "ledger_cycle", 8, 0.7, 0.45, "~1,350 tps"),
-    Pair("fence-8", "fenced INSERT vs bare INSERT", "raw_insert", "ledger_fence", 8, 0.85, 0.50, "~4,300 tps"),
+    Pair("fence-8", "fenced INSERT vs bare INSERT", "raw_insert", "ledger_fence", 8, 0.85, 0.61, "~4,300 tps"),
     Pair("fence-folded-8", "fence folded into the INSERT vs bare INSERT", "raw_insert", "ledger_fence_folded", 8,
          None, None, "", note="informational: no target in the issue"),
     Pair("hot-8", "one hot job, looping start + complete (mostly skips) vs the raw floor's loop", "raw_hot",
-         "ledger_hot", 8, 0.5, 0.15, "~3,900 tps", hot=True),
+         "ledger_hot", 8, 0.7, 0.48, "~3,900 tps", hot=True),
     # What ledger.events costs on the hot path: the cycle-8 row again with
     # the run events off, and with pg_notify on (no listener).
     Pair("cycle-8-no-events", "start + complete with run events off (`configure_events(run_events => false)`)",
@@ -136,8 +136,8 @@ REFERENCES: list[Reference] = [
 PYTHON_ROWS = [
     # id, operation, target, issue ratio
     ("py-conn", "`with ledger.run(...)` over the caller's connection vs raw psycopg calling "
-                "`start_run` + `complete_run`", 0.8, 0.09),
-    ("py-pool", "the same over the client's own pool (`Ledger(dsn)`) vs raw psycopg", 0.8, 0.53),
+                "`start_run` + `complete_run`", 0.9, 0.86),
+    ("py-pool", "the same over the client's own pool (`Ledger(dsn)`) vs raw psycopg", 0.9, 0.77),
 ]
 
 ROW_IDS = [p.id for p in PAIRS] + [r for r, *_ in PYTHON_ROWS] + [r.id for r in REFERENCES]

@@ -61,6 +61,8 @@ def main() -> int:
                                                   "smoke: a temporary directory)")
     parser.add_argument("--no-write", action="store_true", help="write no BENCHMARKS.md section and no chart")
     parser.add_argument("--keep-db", action="store_true", help="keep the scratch database ledger_bench")
+    parser.add_argument("--dbname", help="the scratch database's name (default ledger_bench): two runs on one "
+                                         "server at once need two names")
     parser.add_argument("--render", type=Path, metavar="JSON",
                         help="measure nothing: rewrite BENCHMARKS.md's section and the chart from a results file")
     args = parser.parse_args()
@@ -76,7 +78,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown row ids: {', '.join(sorted(unknown))}")
     common = {"redis_url": args.redis, "keep_db": args.keep_db, "only": only}
-    for key in ("rounds", "jobs", "python_runs"):
+    for key in ("rounds", "jobs", "python_runs", "dbname"):
         if getattr(args, key) is not None:
             common[key] = getattr(args, key)
     if args.smoke:

@@ -135,10 +135,14 @@ $$;
 --                      row goes with it, and the job is no longer known;
 --   'recomputed'       a write past the functions changed its log: the row
 --                      is recomputed from the log (ledger._state_from_log).
--- It takes the job's lease row first, as every writer of a job does (the
--- callers took it already: a second lock of one's own row waits for
--- nothing), so two transitions of a job never interleave. purge_log writes
--- no state row: what it removes stays counted (ledger.purged_state).
+-- It takes the job's lease row first, as every writer of a job does, so
+-- two transitions of a job never interleave; the hot path's transitions
+-- ('leased', 'started', 'ended', 'lost') skip that lock, since their callers
+-- (acquire, ledger._start, ledger._end_run, ledger._close_lost's callers)
+-- hold the row already, locked or inserted in this transaction, and a second
+-- lock of a row one just updated is no wait but a WAL record of its own.
+-- purge_log writes no state row: what it removes stays counted
+-- (ledger.purged_state).
 CREATE FUNCTION ledger._set_state(job text, event text, run ledger.job_execution_log DEFAULT NULL,
                                    slots bigint DEFAULT NULL)
 RETURNS void
@@ -153,7 +157,9 @@ DECLARE
     v_next   timestamptz;  -- the due marks after the run's slot
     v_down   timestamptz;
 BEGIN
-    PERFORM FROM ledger.leases l WHERE l.job = _set_state.job FOR UPDATE;
+    IF event NOT IN ('leased', 'started', 'ended', 'lost') THEN
+        PERFORM FROM ledger.leases l WHERE l.job = _set_state.job FOR UPDATE;
+    END IF;
     CASE event
     WHEN 'leased' THEN
         INSERT INTO ledger.counters AS c (job) VALUES (_set_state.job)
@@ -168,30 +174,58 @@ BEGIN
                                          coalesce(c.done_slot, v_job.created_at)) m)
          WHERE c.job = _set_state.job;
     WHEN 'started' THEN
-        INSERT INTO ledger.counters AS c (job, runs_started, last_run_id, last_status, last_started_at,
-                                          running_run_id, running_token, running_started_at)
-        VALUES (run.job, 1, run.run_id, 'running', run.started_at, run.run_id, run.token, run.started_at)
-        ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
+        -- The row is there but for a job's first start (no registration, no
+        -- lease before): an UPDATE, and the upsert only when it found none.
+        -- The upsert's ON CONFLICT DO UPDATE locks the row it conflicts with
+        -- before it updates it, a WAL record more on every start.
+        UPDATE ledger.counters c SET
             runs_started       = c.runs_started + 1,
             last_run_id        = CASE WHEN c.last_run_id IS NULL
-                                        OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
-                                      THEN excluded.last_run_id ELSE c.last_run_id END,
+                                        OR (run.started_at, run.run_id) > (c.last_started_at, c.last_run_id)
+                                      THEN run.run_id ELSE c.last_run_id END,
             last_status        = CASE WHEN c.last_run_id IS NULL
-                                        OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                        OR (run.started_at, run.run_id) > (c.last_started_at, c.last_run_id)
                                       THEN 'running' ELSE c.last_status END,
             last_completed_at  = CASE WHEN c.last_run_id IS NULL
-                                        OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                        OR (run.started_at, run.run_id) > (c.last_started_at, c.last_run_id)
                                       THEN NULL ELSE c.last_completed_at END,
             last_started_at    = CASE WHEN c.last_run_id IS NULL
-                                        OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
-                                      THEN excluded.last_started_at ELSE c.last_started_at END,
-            running_run_id     = excluded.running_run_id,
-            running_token      = excluded.running_token,
-            running_started_at = excluded.running_started_at,
+                                        OR (run.started_at, run.run_id) > (c.last_started_at, c.last_run_id)
+                                      THEN run.started_at ELSE c.last_started_at END,
+            running_run_id     = run.run_id,
+            running_token      = run.token,
+            running_started_at = run.started_at,
             -- started before an earlier run ended: only a clock stepped back
             -- can do that here (the start closed the previous run first)
-            overlap_run_id     = CASE WHEN excluded.last_started_at < c.latest_end THEN excluded.running_run_id
-                                      ELSE c.overlap_run_id END;
+            overlap_run_id     = CASE WHEN run.started_at < c.latest_end THEN run.run_id
+                                      ELSE c.overlap_run_id END
+         WHERE c.job = run.job;
+        IF NOT FOUND THEN
+            INSERT INTO ledger.counters AS c (job, runs_started, last_run_id, last_status, last_started_at,
+                                              running_run_id, running_token, running_started_at)
+            VALUES (run.job, 1, run.run_id, 'running', run.started_at, run.run_id, run.token, run.started_at)
+            ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
+                runs_started       = c.runs_started + 1,
+                last_run_id        = CASE WHEN c.last_run_id IS NULL
+                                            OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                          THEN excluded.last_run_id ELSE c.last_run_id END,
+                last_status        = CASE WHEN c.last_run_id IS NULL
+                                            OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                          THEN 'running' ELSE c.last_status END,
+                last_completed_at  = CASE WHEN c.last_run_id IS NULL
+                                            OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                          THEN NULL ELSE c.last_completed_at END,
+                last_started_at    = CASE WHEN c.last_run_id IS NULL
+                                            OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                          THEN excluded.last_started_at ELSE c.last_started_at END,
+                running_run_id     = excluded.running_run_id,
+                running_token      = excluded.running_token,
+                running_started_at = excluded.running_started_at,
+                -- started before an earlier run ended: only a clock stepped back
+                -- can do that here (the start closed the previous run first)
+                overlap_run_id     = CASE WHEN excluded.last_started_at < c.latest_end THEN excluded.running_run_id
+                                          ELSE c.overlap_run_id END;
+        END IF;
     WHEN 'ended', 'lost' THEN
         v_counts := run.status = 'failure' AND run.failure_reason <> 'cancelled';
         -- A success of a slot: the due marks after it, the schedule evaluated

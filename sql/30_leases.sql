@@ -88,8 +88,13 @@ BEGIN
      WHERE l.job = acquire.job
     RETURNING * INTO v_lease;
     -- A job that holds a lease is known (job_status lists it): its state row
-    -- exists, or exists from now on (after unregister_job with history).
-    PERFORM ledger._set_state(job, 'leased');
+    -- exists, or exists from now on (after unregister_job with history). The
+    -- 'leased' transition only makes the row; a read under the lease row's
+    -- lock (no other writer of this job's row can run) saves the call when
+    -- the row is there, as it is for every job but a first or forgotten one.
+    IF NOT EXISTS (SELECT FROM ledger.counters c WHERE c.job = acquire.job) THEN
+        PERFORM ledger._set_state(job, 'leased');
+    END IF;
     RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
 END
 $$;

@@ -231,7 +231,9 @@ DECLARE
     v_lease ledger.leases;
     v_now   timestamptz;
 BEGIN
-    PERFORM ledger._check_ttl(ttl);
+    IF ttl IS NOT NULL THEN  -- NULL is valid (the lease's own ttl): no call for it
+        PERFORM ledger._check_ttl(ttl);
+    END IF;
     v_run := ledger._lock_run(run_id, token);
     SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = v_run.job;
 
@@ -282,8 +284,10 @@ DECLARE
     v_job text;
     v_run ledger.job_execution_log;
 BEGIN
-    PERFORM ledger._check_token(run_id, 'run_id');
-    PERFORM ledger._check_token(token);
+    IF run_id IS NULL OR token IS NULL OR run_id <= 0 OR token <= 0 THEN  -- the checks only to raise
+        PERFORM ledger._check_token(run_id, 'run_id');
+        PERFORM ledger._check_token(token);
+    END IF;
     SELECT r.job INTO v_job FROM ledger.job_execution_log r WHERE r.run_id = _lock_run.run_id;
     IF NOT FOUND THEN
         PERFORM ledger._raise('LD004', format('run not found: %s', run_id),
