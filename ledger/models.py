@@ -15,7 +15,7 @@ Outcome = Literal["started", "skipped_overlap", "already_done", "paused", "nothi
 Status = Literal["running", "success", "failure"]
 FailureReason = Literal["error", "lease_expired", "superseded", "cancelled"]
 EventKind = Literal["run_started", "run_ended", "run_lost", "run_cancelled", "cancel_requested",
-                    "job_paused", "job_resumed", "alert_raised", "alert_cleared"]
+                    "job_paused", "job_resumed", "alert_raised", "alert_cleared", "job_redefined"]
 """The kinds of ``ledger.events`` (its CHECK constraint ``events_kind_valid``)."""
 
 EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)

@@ -307,6 +307,8 @@ def event_summary(event: Event) -> str:
         about = f" ({run})" if event.run_id is not None else ""
         state = "" if event.kind == "alert_raised" else " cleared"
         return f"alert {detail.get('alert')}{state}{about}: {detail.get('message')}"
+    if event.kind == "job_redefined":
+        return f"definition from {detail.get('source')} overrode the one from {detail.get('previous_source')}"
     return json.dumps(detail, ensure_ascii=False, default=str)  # a kind added later: its detail as it is
 
 

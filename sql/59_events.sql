@@ -39,11 +39,11 @@ CREATE TABLE ledger.events (
     detail   jsonb        NOT NULL,
     CONSTRAINT events_kind_valid CHECK (kind IN (
         'run_started', 'run_ended', 'run_lost', 'run_cancelled', 'cancel_requested',
-        'job_paused', 'job_resumed', 'alert_raised', 'alert_cleared', 'job_definition_overridden')),
+        'job_paused', 'job_resumed', 'alert_raised', 'alert_cleared', 'job_redefined')),
     CONSTRAINT events_detail_object CHECK (jsonb_typeof(detail) = 'object'),
     CONSTRAINT events_run_has_run_id CHECK (run_id IS NOT NULL
                                             OR kind IN ('job_paused', 'job_resumed', 'alert_raised', 'alert_cleared',
-                                                        'job_definition_overridden'))
+                                                        'job_redefined'))
 );
 COMMENT ON TABLE ledger.events IS
     'State changes in order (event_id): runs started, ended, lost, cancelled; jobs paused, resumed; alerts raised, cleared';

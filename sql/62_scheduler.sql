@@ -912,7 +912,7 @@ BEGIN
         UPDATE ledger.jobs j SET defined_by = source WHERE j.job = v_name AND j.defined_by IS DISTINCT FROM source;
         IF v_action = 'overridden' THEN
             INSERT INTO ledger.events (kind, job, detail)
-            VALUES ('job_definition_overridden', v_name,
+            VALUES ('job_redefined', v_name,
                     jsonb_build_object('source', source, 'previous_source', v_old.defined_by,
                                        'definition', definitions -> v_name));
         END IF;

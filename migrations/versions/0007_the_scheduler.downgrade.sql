@@ -802,7 +802,7 @@ DROP FUNCTION ledger.trigger(text,text,jsonb);
 
 -- By hand: the tables back as 0006 has them, after the views that read their new columns.
 DELETE FROM ledger.skipped_slots WHERE reason IN ('start_deadline', 'overlap');  -- the old code knows no such skip
-DELETE FROM ledger.events WHERE kind = 'job_definition_overridden';
+DELETE FROM ledger.events WHERE kind = 'job_redefined';
 DROP TABLE ledger.upkeep_leader;
 DROP TABLE ledger.scheduler_jobs;
 DROP TABLE ledger.schedulers;

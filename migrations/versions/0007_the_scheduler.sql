@@ -50,10 +50,10 @@ ALTER TABLE ledger.events DROP CONSTRAINT events_kind_valid, DROP CONSTRAINT eve
 ALTER TABLE ledger.events
     ADD CONSTRAINT events_kind_valid CHECK (kind IN (
         'run_started', 'run_ended', 'run_lost', 'run_cancelled', 'cancel_requested',
-        'job_paused', 'job_resumed', 'alert_raised', 'alert_cleared', 'job_definition_overridden')),
+        'job_paused', 'job_resumed', 'alert_raised', 'alert_cleared', 'job_redefined')),
     ADD CONSTRAINT events_run_has_run_id CHECK (run_id IS NOT NULL
                                                 OR kind IN ('job_paused', 'job_resumed', 'alert_raised', 'alert_cleared',
-                                                            'job_definition_overridden'));
+                                                            'job_redefined'));
 
 -- new tables (as in sql/20_tables.sql, with their comments)
 CREATE TABLE ledger.triggers (
@@ -1496,7 +1496,7 @@ BEGIN
         UPDATE ledger.jobs j SET defined_by = source WHERE j.job = v_name AND j.defined_by IS DISTINCT FROM source;
         IF v_action = 'overridden' THEN
             INSERT INTO ledger.events (kind, job, detail)
-            VALUES ('job_definition_overridden', v_name,
+            VALUES ('job_redefined', v_name,
                     jsonb_build_object('source', source, 'previous_source', v_old.defined_by,
                                        'definition', definitions -> v_name));
         END IF;

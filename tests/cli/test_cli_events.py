@@ -203,6 +203,9 @@ def test_events_tells_every_kind_in_a_line_of_its_own(dsn, db):
     Ledger(db).sync_alerts()
     run_once(db, "j")
     Ledger(db).sync_alerts()
+    # two jobs files that disagree about j: the second one's sync overrides the first's
+    db.execute("""SELECT * FROM ledger.sync_jobs('{"j": {"ttl": "1 minute"}}', 'a.toml')""")
+    db.execute("""SELECT * FROM ledger.sync_jobs('{"j": {"ttl": "2 minutes"}}', 'b.toml')""")
     result = jobledger("events", "-n", "100", dsn=dsn)
     assert result.returncode == 0, result.stderr
     told: dict[str, list[str]] = {}  # each kind's lines, what follows the job
@@ -216,6 +219,7 @@ def test_events_tells_every_kind_in_a_line_of_its_own(dsn, db):
     assert re.fullmatch(r"run 2 lost \(superseded\) \S+: lease superseded by a newer token", said["run_lost"])
     assert said["job_paused"] == "paused (operator)"
     assert said["job_resumed"] == "resumed (had been paused: operator)"
+    assert said["job_redefined"] == "definition from b.toml overrode the one from a.toml"
     # the supersession was a failure too, the cancel no failure: two in a row
     assert "alert failing: 2 failures in a row" in told["alert_raised"]
     assert "alert failing cleared: 2 failures in a row" in told["alert_cleared"]

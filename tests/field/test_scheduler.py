@@ -327,6 +327,6 @@ def test_two_files_that_disagree_about_a_job_last_writer_wins_loudly(db, tmp_pat
     wait_for(lambda: "overrides another source" in schedulers.log(1), what="the override, said",
              explain=lambda: schedulers.log(1))
     assert db.execute("SELECT schedule FROM ledger.jobs WHERE job = 'shared'").fetchone()[0] == "2 hours"
-    assert db.execute("SELECT count(*) FROM ledger.events WHERE kind = 'job_definition_overridden' "
+    assert db.execute("SELECT count(*) FROM ledger.events WHERE kind = 'job_redefined' "
                       "AND job = 'shared'").fetchone()[0] == 1
     assert schedulers.stop_all() == [0, 0]

@@ -393,7 +393,7 @@ def test_two_sources_last_writer_wins_loudly(db):
         "shared": "unchanged"}
     assert _sync(db, {"shared": {"schedule": "2 hours", "ttl": "1 minute"}}, source="a.toml") == {
         "shared": "overridden"}
-    event = one(db, "SELECT kind, detail FROM ledger.events WHERE kind = 'job_definition_overridden'")
+    event = one(db, "SELECT kind, detail FROM ledger.events WHERE kind = 'job_redefined'")
     assert event is not None and event["detail"]["source"] == "a.toml"
     assert event["detail"]["previous_source"] == "b.toml"
     assert value(db, "SELECT defined_by FROM ledger.jobs WHERE job = 'shared'") == "a.toml"
