@@ -7,6 +7,7 @@ register_job. Rows are written by the SQL API the schedulers call (ledger.schedu
 from __future__ import annotations
 
 import json
+import shlex
 from datetime import timedelta
 
 import psycopg
@@ -16,6 +17,7 @@ from clihelp import jobledger
 from clockseam import LedgerClock
 from ledger.client import Ledger
 from ledger.errors import InvalidArgument
+from repo import DOCS
 
 
 def _heartbeat(db: psycopg.Connection, scheduler: str, host: str, pid: int, jobs: list[str],
@@ -141,3 +143,13 @@ def test_client_register_job_passes_the_scheduling_options(db: psycopg.Connectio
         ledger.register_job("every-minute", jitter=timedelta(minutes=2))
     cleared = ledger.register_job("every-minute", jitter=timedelta(0), start_deadline=timedelta(0))
     assert cleared.jitter is None and cleared.start_deadline is None and cleared.overlap_policy == "replace"
+
+
+def test_the_cli_pages_register_example_prints_what_it_shows(dsn: str) -> None:
+    page = (DOCS / "cli.md").read_text()
+    section = page.split("\n### Scheduling options\n", 1)[1].split("\n### ", 1)[0]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
+    command, shown = block[0].removeprefix("$ "), block[1]
+    out = jobledger(*shlex.split(command)[1:], dsn=dsn)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == shown
