@@ -2,7 +2,7 @@
 (the live ones, a `schedulers` key in --json, nothing printed when there is none), `jobledger
 schedulers` (`--all`: the expired ones too, and the upkeep leader); and `jobledger register`'s
 scheduling options (--jitter, --start-deadline, --overlap-policy), through the client's
-register_job. Rows are written by the SQL API the schedulers call (ledger.scheduler_heartbeat)."""
+register_job (tests/client/test_register_job_options.py has the client's own). Rows are written by the SQL API the schedulers call (ledger.scheduler_heartbeat)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,10 @@ import shlex
 from datetime import timedelta
 
 import psycopg
-import pytest
 from clihelp import jobledger
 
 from clockseam import LedgerClock
 from ledger.client import Ledger
-from ledger.errors import InvalidArgument
 from repo import DOCS
 
 
@@ -124,25 +122,6 @@ def test_register_refuses_a_bad_overlap_policy_and_a_jitter_past_the_interval(ds
     wide = jobledger("register", "hourly", "--jitter", "2h", dsn=dsn)
     assert wide.returncode == 1 and "jitter" in wide.stderr
     assert _options(db, "hourly") == (None, None, "catch_up")
-
-
-def test_client_register_job_passes_the_scheduling_options(db: psycopg.Connection) -> None:
-    ledger = Ledger(db)
-    job = ledger.register_job("every-minute", schedule="1 minute", ttl=timedelta(seconds=50),
-                              jitter=timedelta(seconds=5), start_deadline=timedelta(seconds=20),
-                              overlap_policy="replace")
-    assert (job.jitter, job.start_deadline, job.overlap_policy) == (timedelta(seconds=5), timedelta(seconds=20),
-                                                                    "replace")
-    kept = ledger.register_job("every-minute", ttl=timedelta(seconds=40))
-    assert (kept.jitter, kept.start_deadline, kept.overlap_policy) == (timedelta(seconds=5), timedelta(seconds=20),
-                                                                       "replace")
-    with pytest.raises(InvalidArgument) as refused:
-        ledger.register_job("every-minute", overlap_policy="sometimes")
-    assert refused.value.sqlstate == "22023" and "overlap_policy" in str(refused.value)
-    with pytest.raises(InvalidArgument):
-        ledger.register_job("every-minute", jitter=timedelta(minutes=2))
-    cleared = ledger.register_job("every-minute", jitter=timedelta(0), start_deadline=timedelta(0))
-    assert cleared.jitter is None and cleared.start_deadline is None and cleared.overlap_policy == "replace"
 
 
 def test_the_cli_pages_register_example_prints_what_it_shows(dsn: str) -> None:
