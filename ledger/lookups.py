@@ -58,7 +58,8 @@ def verify_state(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
 
 def schedulers(conn: psycopg.Connection[Any], *, expired: bool = False) -> list[dict[str, Any]]:
     """The rows of ``ledger.schedulers``, by name: the live ones, or every one with ``expired``; each
-    with ``live``, ``leader`` (it holds the upkeep lease now), ``job_count`` and ``heartbeat_age``."""
+    with ``live``, ``status`` (live, stopping, expired), ``leader`` (it holds the upkeep lease now),
+    ``job_count`` and ``heartbeat_age``."""
     return _rows(conn, queries.SCHEDULERS, {"all": expired, "first_jobs": None})
 
 

@@ -331,7 +331,8 @@ SELECT o.job, o.run_id, o.other_run_id, o.started_at, o.other_started_at
 # The schedulers' registry (ledger.schedulers, kept by ledger.scheduler_heartbeat), by name:
 # `jobledger status` (the live ones), `jobledger schedulers` (all, %(all)s) and the dashboard.
 # A row is live until its expires_at (a scheduler that died stays, expired, until
-# scheduler_stop removes it); leader: it holds the upkeep lease (ledger.upkeep_leader) now.
+# scheduler_stop removes it); status its word: live, stopping (SIGTERM: it starts no run) or
+# expired; leader: it holds the upkeep lease (ledger.upkeep_leader) now.
 # One clock for the whole read, the views' (ledger._view_now). %(first_jobs)s: how many of the
 # jobs served to list (the dashboard's bound: a scheduler may serve 10,000); NULL all of them.
 SCHEDULERS = """
@@ -339,6 +340,7 @@ SELECT s.scheduler, s.host, s.pid, s.version,
        CASE WHEN %(first_jobs)s::integer IS NULL THEN s.jobs ELSE s.jobs[1:%(first_jobs)s::integer] END AS jobs,
        cardinality(s.jobs) AS job_count, s.started_at,
        s.heartbeat_at, s.expires_at, s.stopping, s.expires_at > n.at AS live,
+       CASE WHEN s.expires_at <= n.at THEN 'expired' WHEN s.stopping THEN 'stopping' ELSE 'live' END AS status,
        coalesce(u.expires_at > n.at, false) AS leader, n.at - s.heartbeat_at AS heartbeat_age
   FROM ledger.schedulers AS s
  CROSS JOIN (SELECT ledger._view_now() AS at) AS n

@@ -224,14 +224,7 @@ def alerts_table(alerts: Sequence[Mapping[str, Any]], now: datetime, title: str 
     return table
 
 
-def scheduler_status(row: Mapping[str, Any]) -> str:
-    """A scheduler row's word: ``expired`` (it died: its heartbeat stopped), ``stopping`` (SIGTERM:
-    it starts no run) or ``live``."""
-    if not row["live"]:
-        return "expired"
-    return "stopping" if row["stopping"] else "live"
-
-
+#: A scheduler's status (``lookups.schedulers``): live, stopping (SIGTERM: it starts no run), expired (it died).
 SCHEDULER_STYLES = {"live": "green", "stopping": "yellow", "expired": "bold red"}
 
 
@@ -245,7 +238,7 @@ def schedulers_table(rows: Sequence[Mapping[str, Any]], now: datetime,
                           ("expires", "left"), ("started", "left")]:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in rows:
-        status = scheduler_status(row)
+        status = str(row["status"])
         table.add_row(cell(row["scheduler"]), cell(row["host"]), str(row["pid"]), cell(row["version"]),
                       str(row["job_count"]), Text(status, style=SCHEDULER_STYLES[status]),
                       Text("leader", style="bold") if row["leader"] else "-",

@@ -166,13 +166,9 @@ class Scheduler:
     expires_at: datetime
     stopping: bool
     live: bool
+    status: str  # live, stopping (SIGTERM: it starts no run) or expired (it died)
     leader: bool
     heartbeat_age: timedelta
-    #: ``live``, ``stopping`` (SIGTERM: it starts no run) or ``expired`` (it died); a field, so the JSON has it
-    status: str = ""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "status", "expired" if not self.live else "stopping" if self.stopping else "live")
 
 
 class Reader:

@@ -84,6 +84,8 @@ def test_schedulers_lists_every_row_with_all_the_expired_marked(dsn: str, db: ps
     assert every["dead"]["live"] is False and every["dead"]["leader"] is False
     assert [name for name, row in every.items() if row["leader"]] == ["leader"]
     assert every["quitting"]["stopping"] is True and every["quitting"]["live"] is True
+    assert {name: row["status"] for name, row in every.items()} == {
+        "dead": "expired", "leader": "live", "quitting": "stopping", "second": "live"}
 
     table = jobledger("schedulers", "--all", dsn=dsn)
     assert table.returncode == 0, table.stderr
