@@ -1197,17 +1197,24 @@ class Ledger:
                      max_backfill: int | None = None, time_zone: str | None = None,
                      late_after: timedelta | None = None, down_after: timedelta | None = None,
                      min_runtime: timedelta | None = None, max_runtime: timedelta | None = None,
-                     pause_after_failures: int | None = None) -> Job:
+                     pause_after_failures: int | None = None, jitter: timedelta | None = None,
+                     start_deadline: timedelta | None = None, overlap_policy: str | None = None) -> Job:
         """Register ``job``, or change the options given of a registered job.
 
         An option left None keeps what the job has (a first registration: no
-        schedule, no ttl, ``max_backfill`` 1, UTC, no health bounds); a bound
-        of ``timedelta(0)`` (``pause_after_failures`` 0) clears it.
+        schedule, no ttl, ``max_backfill`` 1, UTC, no health bounds, no jitter,
+        no start deadline, overlap policy ``catch_up``); a bound of
+        ``timedelta(0)`` (``pause_after_failures`` 0) clears it. ``jitter``: each
+        slot starts at an offset in [0, jitter), the same on every host;
+        ``start_deadline``: a slot not started within it after its due time is
+        skipped, never run late; ``overlap_policy``: ``catch_up``, ``skip``,
+        ``buffer_one`` or ``replace`` (docs/contract.md, "The scheduler").
         """
         params = {"job": job, "schedule": schedule, "ttl": ttl, "max_backfill": max_backfill,
                   "time_zone": time_zone, "late_after": late_after, "down_after": down_after,
                   "min_runtime": min_runtime, "max_runtime": max_runtime,
-                  "pause_after_failures": pause_after_failures}
+                  "pause_after_failures": pause_after_failures, "jitter": jitter,
+                  "start_deadline": start_deadline, "overlap_policy": overlap_policy}
         return self._call(queries.REGISTER_JOB, params, class_row(Job))[0]
 
     def unregister_job(self, job: str, *, with_history: bool = False) -> bool:

@@ -1,4 +1,5 @@
-"""The read-only queries the command line needs beyond the client: alerts, recent runs, skipped slots, risks.
+"""The read-only queries the command line needs beyond the client: alerts, recent runs, skipped slots, risks,
+the schedulers.
 
 The statements are in :mod:`ledger.queries`; each function takes an open
 connection and returns plain dicts (the tables and ``--json`` render them as
@@ -53,6 +54,15 @@ def protected_tables(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
 def verify_state(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
     """The jobs whose stored state differs from the log's (``ledger.verify_state``; reads the whole log)."""
     return _rows(conn, queries.VERIFY_STATE, {})
+
+
+def schedulers(conn: psycopg.Connection[Any], *, expired: bool = False) -> list[dict[str, Any]]:
+    """The rows of ``ledger.schedulers``, by name: the live ones, or every one with ``expired``; each
+    with ``live``, ``status`` (live, stopping, expired), ``leader`` (it holds the upkeep lease now),
+    ``job_count`` and ``heartbeat_age``."""
+    return _rows(conn, queries.SCHEDULERS, {"all": expired, "first_jobs": None})
+
+
 def db_risks(conn: psycopg.Connection[Any]) -> list[DbRisk]:
     """Every row of ``ledger.db_risks``, the xmin horizon first."""
     with conn.cursor(row_factory=class_row(DbRisk)) as cur:

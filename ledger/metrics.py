@@ -4,8 +4,9 @@ A custom collector (no state in the process: the counters live in the
 database, so any number of exporters agree and a restart loses nothing). Each
 scrape opens a connection (or takes one from a pool: the dashboard's), reads
 each job's state row (``ledger._job_state``, what ``ledger.job_status`` and
-``ledger.job_health`` show), the alerts grouped by kind and the database's
-risks to the ledger (``ledger.db_risks``), in one read-only transaction as
+``ledger.job_health`` show), the alerts grouped by kind, the database's
+risks to the ledger (``ledger.db_risks``) and the schedulers' rows
+(``ledger.schedulers``), in one read-only transaction as
 ``ledger_reader`` (see :func:`ledger.readonly.read_only_transaction`), and
 closes it (or gives it back). Nothing it reads per job grows with the log: a
 scrape costs microseconds per job.
@@ -53,6 +54,14 @@ Metrics (labels in braces):
   pid, a slot or a prepared transaction's gid). Not a label of the gauges
   above, so that short transactions do not make a new series per scrape.
 - ``jobledger_dead_rows{relation}``: dead row versions on each hot table.
+- ``jobledger_schedulers``: the live schedulers (rows of ``ledger.schedulers``
+  not expired: ``jobledger scheduler``, ``ledger.serve``).
+- ``jobledger_scheduler_up{scheduler,host}``: 1 for a live scheduler, 0 for
+  an expired one (it died: its row stays until ``ledger.scheduler_stop``);
+  ``jobledger_scheduler_heartbeat_age_seconds{scheduler,host}``: since its
+  last heartbeat; ``jobledger_scheduler_jobs{scheduler}``: the jobs it serves;
+  ``jobledger_upkeep_leader{scheduler}``: 1 for the one that holds the upkeep
+  lease now (none when no one does).
 - With ``audit`` (``jobledger metrics --audit``), the two audits, which read
   the log rather than the state rows: ``jobledger_state_differences``, the
   jobs whose stored state differs from the log's (``ledger.verify_state``),
@@ -92,6 +101,7 @@ __all__ = [
     "JobRow",
     "LedgerCollector",
     "MetricsServer",
+    "SchedulerRow",
     "Snapshot",
     "exposition",
     "families",
@@ -131,6 +141,18 @@ class JobRow:
 
 
 @dataclass(frozen=True)
+class SchedulerRow:
+    """A row of ``queries.METRIC_SCHEDULERS``: a scheduler's row of ``ledger.schedulers``."""
+
+    scheduler: str
+    host: str
+    live: bool
+    heartbeat_age_seconds: float
+    jobs: int
+    leader: bool
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What one scrape read, in one transaction (so the numbers agree with each other).
 
@@ -141,6 +163,7 @@ class Snapshot:
     state_differences: int | None = None
     duplicates: int | None = None
     risks: list[DbRisk] = field(default_factory=list)
+    schedulers: list[SchedulerRow] = field(default_factory=list)
 
 
 def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TIMEOUT, *,
@@ -158,10 +181,11 @@ def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TI
         cur.execute(queries.DB_RISKS, prepare=False)
         names = [column.name for column in cur.description or []]
         risks = [DbRisk(**dict(zip(names, row))) for row in cur.fetchall()]
+        schedulers = [SchedulerRow(*row) for row in cur.execute(queries.METRIC_SCHEDULERS, prepare=False).fetchall()]
         if audit:
             differences = _count(cur.execute(queries.STATE_DIFFERENCES, prepare=False).fetchone())
             duplicates = _count(cur.execute(queries.DUPLICATE_COUNT, prepare=False).fetchone())
-    return Snapshot(jobs, alerts, differences, duplicates, risks)
+    return Snapshot(jobs, alerts, differences, duplicates, risks, schedulers)
 
 
 def _count(row: tuple[Any, ...] | None) -> int:
@@ -215,7 +239,7 @@ def samples(snapshot: Snapshot) -> list[Family]:
         by_job.append(("jobledger_duplicates", "gauge", "Slots and idempotency keys that succeeded twice, over each "
                        "job's newest 1,000 successes (ledger.duplicates; always 0 when the ledger holds)", (),
                        [((), snapshot.duplicates)]))
-    return by_job + _risk_samples(snapshot.risks)
+    return by_job + _risk_samples(snapshot.risks) + _scheduler_samples(snapshot.schedulers)
 
 
 def _risk_samples(risks: Iterable[DbRisk]) -> list[Family]:
@@ -247,6 +271,26 @@ def _risk_samples(risks: Iterable[DbRisk]) -> list[Family]:
         ("jobledger_xmin_horizon_holder", "gauge", "1 for the holder of the xmin horizon while its risk is warn "
          "or critical", ("holder_type", "holder", "application_name"), holder),
         ("jobledger_dead_rows", "gauge", "Dead row versions on the ledger's hot tables", ("relation",), dead),
+    ]
+
+
+def _scheduler_samples(rows: Iterable[SchedulerRow]) -> list[Family]:
+    """The families of ``ledger.schedulers``' rows (one per scheduler process, whatever the number of jobs).
+
+    No alert rule of its own: a job whose every scheduler expired is ``down`` (its
+    state says why), which JobLedgerJobDown already raises."""
+    found = list(rows)
+    return [
+        ("jobledger_schedulers", "gauge", "Live schedulers (ledger.schedulers rows not expired)", (),
+         [((), sum(1 for row in found if row.live))]),
+        ("jobledger_scheduler_up", "gauge", "1 for a live scheduler, 0 for an expired one (it died)",
+         ("scheduler", "host"), [((row.scheduler, row.host), 1 if row.live else 0) for row in found]),
+        ("jobledger_scheduler_heartbeat_age_seconds", "gauge", "Seconds since the scheduler's last heartbeat",
+         ("scheduler", "host"), [((row.scheduler, row.host), row.heartbeat_age_seconds) for row in found]),
+        ("jobledger_scheduler_jobs", "gauge", "The jobs the scheduler serves", ("scheduler",),
+         [((row.scheduler,), row.jobs) for row in found]),
+        ("jobledger_upkeep_leader", "gauge", "1 for the scheduler that runs the ledger's upkeep now",
+         ("scheduler",), [((row.scheduler,), 1) for row in found if row.leader]),
     ]
 
 

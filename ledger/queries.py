@@ -139,7 +139,8 @@ SELECT {JOB_COLUMNS}
                            max_backfill => %(max_backfill)s, time_zone => %(time_zone)s,
                            late_after => %(late_after)s, down_after => %(down_after)s,
                            min_runtime => %(min_runtime)s, max_runtime => %(max_runtime)s,
-                           pause_after_failures => %(pause_after_failures)s) AS j
+                           pause_after_failures => %(pause_after_failures)s, jitter => %(jitter)s,
+                           start_deadline => %(start_deadline)s, overlap_policy => %(overlap_policy)s) AS j
 """
 
 PAUSE_JOB = "SELECT ledger.pause_job(job => %(job)s)"
@@ -327,6 +328,27 @@ SELECT o.job, o.run_id, o.other_run_id, o.started_at, o.other_started_at
  ORDER BY o.job, o.run_id
 """
 
+# The schedulers' registry (ledger.schedulers, kept by ledger.scheduler_heartbeat), by name:
+# `jobledger status` (the live ones), `jobledger schedulers` (all, %(all)s) and the dashboard.
+# A row is live until its expires_at (a scheduler that died stays, expired, until
+# scheduler_stop removes it); status its word: live, stopping (SIGTERM: it starts no run) or
+# expired; leader: it holds the upkeep lease (ledger.upkeep_leader) now.
+# One clock for the whole read, the views' (ledger._view_now). %(first_jobs)s: how many of the
+# jobs served to list (the dashboard's bound: a scheduler may serve 10,000); NULL all of them.
+SCHEDULERS = """
+SELECT s.scheduler, s.host, s.pid, s.version,
+       CASE WHEN %(first_jobs)s::integer IS NULL THEN s.jobs ELSE s.jobs[1:%(first_jobs)s::integer] END AS jobs,
+       cardinality(s.jobs) AS job_count, s.started_at,
+       s.heartbeat_at, s.expires_at, s.stopping, s.expires_at > n.at AS live,
+       CASE WHEN s.expires_at <= n.at THEN 'expired' WHEN s.stopping THEN 'stopping' ELSE 'live' END AS status,
+       coalesce(u.expires_at > n.at, false) AS leader, n.at - s.heartbeat_at AS heartbeat_age
+  FROM ledger.schedulers AS s
+ CROSS JOIN (SELECT ledger._view_now() AS at) AS n
+  LEFT JOIN ledger.upkeep_leader AS u ON u.scheduler = s.scheduler
+ WHERE %(all)s OR s.expires_at > n.at
+ ORDER BY s.scheduler
+"""
+
 # -- one metrics scrape (ledger.metrics) --------------------------------------
 # A scrape reads each job's state row once (ledger._job_state, the view
 # job_status and job_health select from: counters, jobs and leases, one row of
@@ -345,6 +367,17 @@ SELECT s.job, s.state, s.consecutive_failures, s.runs_started, s.successes, s.fa
 """
 
 ALERT_COUNTS = "SELECT a.alert, count(*) FROM ledger.alerts AS a GROUP BY a.alert"
+
+# The schedulers for the metrics: every row (an expired one is a scheduler that died), how
+# long since its heartbeat, how many jobs it serves, whether it leads the upkeep now.
+METRIC_SCHEDULERS = """
+SELECT s.scheduler, s.host, s.expires_at > n.at AS live, extract(epoch FROM n.at - s.heartbeat_at)::float8,
+       cardinality(s.jobs), coalesce(u.expires_at > n.at, false) AS leader
+  FROM ledger.schedulers AS s
+ CROSS JOIN (SELECT ledger._view_now() AS at) AS n
+  LEFT JOIN ledger.upkeep_leader AS u ON u.scheduler = s.scheduler
+ ORDER BY s.scheduler
+"""
 
 # The audits, read only when asked (`jobledger metrics --audit`): they read the log, not the
 # state rows. The state audit: the jobs whose stored state differs from the log's (always 0).

@@ -224,6 +224,29 @@ def alerts_table(alerts: Sequence[Mapping[str, Any]], now: datetime, title: str 
     return table
 
 
+#: A scheduler's status (``lookups.schedulers``): live, stopping (SIGTERM: it starts no run), expired (it died).
+SCHEDULER_STYLES = {"live": "green", "stopping": "yellow", "expired": "bold red"}
+
+
+def schedulers_table(rows: Sequence[Mapping[str, Any]], now: datetime,
+                     title: str | None = "ledger.schedulers") -> Table:
+    """One row per scheduler (``lookups.schedulers``): live, stopping or expired, the upkeep leader marked."""
+    table = Table(title=_title(title, "bold"), box=box.SIMPLE_HEAVY, title_justify="left",
+                  padding=(0, 1), pad_edge=False)
+    for name, justify in [("scheduler", "left"), ("host", "left"), ("pid", "right"), ("version", "left"),
+                          ("jobs", "right"), ("status", "left"), ("upkeep", "left"), ("heartbeat", "left"),
+                          ("expires", "left"), ("started", "left")]:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        status = str(row["status"])
+        table.add_row(cell(row["scheduler"]), cell(row["host"]), str(row["pid"]), cell(row["version"]),
+                      str(row["job_count"]), Text(status, style=SCHEDULER_STYLES[status]),
+                      Text("leader", style="bold") if row["leader"] else "-",
+                      relative(row["heartbeat_at"], now), relative(row["expires_at"], now),
+                      relative(row["started_at"], now))
+    return table
+
+
 def runs_table(runs: Sequence[Mapping[str, Any]], now: datetime, title: str | None = None,
                wide: bool = True) -> Table:
     """Runs, newest first; the slot column only when a run has a slot, dates only when ``wide``."""

@@ -5,7 +5,7 @@ group of commands:
 
 - ``ledger.cli.install``: ``install``, ``uninstall``, ``sql``, ``where``;
 - ``ledger.cli.jobs``: ``register``, ``pause``, ``resume``, ``purge``, ``reap``;
-- ``ledger.cli.status``: ``status``, ``runs`` (the tables: ``ledger.render``);
+- ``ledger.cli.status``: ``status``, ``schedulers``, ``runs`` (the tables: ``ledger.render``);
 - ``ledger.cli.risks``: ``risks``, what the database does to the ledger (``ledger.db_risks``);
 - ``ledger.cli.next``: ``next``, a schedule's next slots (``ledger.next_slots``, ``ledger.preview_slots``);
 - ``ledger.cli.events``: ``events``, ``watch``, ``configure-events`` (``ledger.events``, ``ledger.tail``);

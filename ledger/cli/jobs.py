@@ -18,6 +18,8 @@ from ledger.errors import JobNotFound
 
 
 BOUND = Duration(positive=False)
+#: register_job's overlap policies (ledger._check_overlap_policy): click refuses another word.
+OVERLAP_POLICIES = ("catch_up", "skip", "buffer_one", "replace")
 
 
 @click.command()
@@ -39,18 +41,28 @@ BOUND = Duration(positive=False)
               help="A run longer than this is overrun, and `jobledger run` stops CMD there; 0 clears.")
 @click.option("--pause-after-failures", type=click.IntRange(min=0), default=None, metavar="N",
               help="The end of the Nth failure in a row pauses the job; 0 clears.")
+@click.option("--jitter", type=BOUND, default=None,
+              help="Each slot starts at an offset in [0, JITTER), the same on every host; "
+                   "under the schedule's interval; 0 clears.")
+@click.option("--start-deadline", type=BOUND, default=None,
+              help="A slot not started within this after its due time is skipped, never run late; 0 clears.")
+@click.option("--overlap-policy", type=click.Choice(OVERLAP_POLICIES), default=None,
+              help="A slot due while a run is live: catch_up (runs after it; first default), skip, "
+                   "buffer_one (the newest runs after it) or replace (the live run is superseded).")
 @json_option
 @dsn_option
 def register(job: str, schedule: str | None, ttl: timedelta | None, max_backfill: int | None,
              time_zone: str | None, late_after: timedelta | None, down_after: timedelta | None,
              min_runtime: timedelta | None, max_runtime: timedelta | None, pause_after_failures: int | None,
+             jitter: timedelta | None, start_deadline: timedelta | None, overlap_policy: str | None,
              as_json: bool, dsn: str) -> None:
     """Register JOB, or change the options given of a registered JOB (the others stay as they are)."""
     with connect(dsn) as conn:
         registered = Ledger(conn).register_job(
             job, schedule=schedule, ttl=ttl, max_backfill=max_backfill, time_zone=time_zone,
             late_after=late_after, down_after=down_after, min_runtime=min_runtime, max_runtime=max_runtime,
-            pause_after_failures=pause_after_failures)
+            pause_after_failures=pause_after_failures, jitter=jitter, start_deadline=start_deadline,
+            overlap_policy=overlap_policy)
     if as_json:
         click.echo(render.to_json(registered))
         return
@@ -61,6 +73,10 @@ def register(job: str, schedule: str | None, ttl: timedelta | None, max_backfill
         ("min runtime", registered.min_runtime), ("max runtime", registered.max_runtime)) if value is not None]
     if registered.pause_after_failures is not None:
         bounds.append(f"pause after {registered.pause_after_failures} failures")
+    bounds += [f"{name} {format_duration(value)}" for name, value in (
+        ("jitter", registered.jitter), ("start deadline", registered.start_deadline)) if value is not None]
+    if registered.overlap_policy != "catch_up":
+        bounds.append(f"overlap policy {registered.overlap_policy}")
     click.echo(f"registered {registered.job}: {what}, ttl {ttl_text}, max backfill {registered.max_backfill}"
                + "".join(f", {b}" for b in bounds)
                + (" (paused)" if registered.paused else ""))

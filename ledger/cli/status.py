@@ -1,5 +1,5 @@
-"""Looking: `status` (the jobs at a glance, and the live alerts; `--watch` redraws it) and `runs`
-(a job's recent runs)."""
+"""Looking: `status` (the jobs at a glance, the live alerts and schedulers; `--watch` redraws it),
+`schedulers` (the schedulers' registry) and `runs` (a job's recent runs)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ MIN_INTERVAL = timedelta(milliseconds=100)  # --watch never polls the database f
 @dsn_option
 def status(jobs: tuple[str, ...], watch: bool, interval: timedelta | None, as_json: bool, dsn: str) -> None:
     """The state at a glance: the `ledger.job_status` view, jobs with alerts in red,
-    then the live alerts (`ledger.alerts`) and the protected tables (`jobledger protect`).
+    then the live alerts (`ledger.alerts`), the protected tables (`jobledger protect`)
+    and the live schedulers (`jobledger schedulers`).
     `--watch` redraws it until Ctrl-C."""
     if interval is not None and not watch:
         raise click.UsageError("--interval goes with --watch")
@@ -64,6 +65,7 @@ def _show(conn: psycopg.Connection[Any], jobs: tuple[str, ...], as_json: bool, f
     statuses = [render.with_counters(row) for row in Ledger(conn).job_statuses()]
     alerts = lookups.alerts(conn)
     protected = lookups.protected_tables(conn)
+    schedulers = lookups.schedulers(conn)  # the live ones: `jobledger schedulers` lists the expired too
     now = database_now(conn)
     if jobs:
         known = {row.job for row in statuses}
@@ -73,8 +75,9 @@ def _show(conn: psycopg.Connection[Any], jobs: tuple[str, ...], as_json: bool, f
         statuses = [row for row in statuses if row.job in jobs]
         alerts = [row for row in alerts if row["job"] in jobs]
         protected = [row for row in protected if row["job"] in jobs]
+        schedulers = [row for row in schedulers if set(row["jobs"]) & set(jobs)]
     if as_json:
-        document = {"jobs": statuses, "alerts": alerts, "protected_tables": protected}
+        document = {"jobs": statuses, "alerts": alerts, "protected_tables": protected, "schedulers": schedulers}
         click.echo(render.json_line(document) if frame else render.to_json(document))
         return
     out = render.console()
@@ -90,6 +93,32 @@ def _show(conn: psycopg.Connection[Any], jobs: tuple[str, ...], as_json: bool, f
         line = f"protected table {row['table_name']}: job {row['job']} ({row['mode']})"
         out.print(render.cell(line) if row["enabled"]
                   else render.cell(f"{line}: its trigger is disabled, writes are not checked", style="bold red"))
+    if schedulers:  # none (no `jobledger scheduler` runs): nothing printed
+        out.print(render.schedulers_table(schedulers, now, title="live schedulers (ledger.schedulers)"))
+
+
+@click.command()
+@click.option("--all", "expired", is_flag=True,
+              help="Every row, the expired ones too (a scheduler that died).  [default: the live ones]")
+@json_option
+@dsn_option
+def schedulers(expired: bool, as_json: bool, dsn: str) -> None:
+    """The schedulers (`jobledger scheduler`, `ledger.serve`) that heartbeat into
+    `ledger.schedulers`: host, pid, version, jobs served, heartbeat; live, stopping
+    (SIGTERM) or expired (its heartbeat stopped: it died), and which one runs the
+    upkeep (the leader). `--all` lists the expired ones too; a graceful stop
+    removes its row."""
+    with connect(dsn) as conn:
+        rows = lookups.schedulers(conn, expired=expired)
+        now = database_now(conn)
+    if as_json:
+        click.echo(render.to_json(rows))
+        return
+    if not rows:
+        click.echo("no schedulers" if expired else
+                   "no live scheduler (`jobledger schedulers --all` lists the expired ones too)")
+        return
+    render.console().print(render.schedulers_table(rows, now))
 
 
 @click.command()
@@ -186,4 +215,4 @@ def verify_state(as_json: bool, dsn: str) -> None:
         sys.exit(1)
 
 
-COMMANDS = (status, runs, health, verify_state)
+COMMANDS = (status, schedulers, runs, health, verify_state)

@@ -19,12 +19,15 @@ import psycopg
 from ledger.models import JobStatus, Run
 from ledger.web import reads
 from ledger.web.commands import Command, job_commands
-from ledger.web.reads import Alert, Failure, FenceWrite, LeaseNow, Neighbours, RunBar, SkippedRange, Slot, TtlAdvice
+from ledger.web.reads import (Alert, Failure, FenceWrite, LeaseNow, Neighbours, RunBar, Scheduler, SkippedRange, Slot,
+                              TtlAdvice)
 from ledger.web.schedules import in_words
 from ledger.states import STATES
 
 #: Jobs per page of the jobs page.
 PAGE_SIZE = 100
+#: Jobs listed per scheduler on the schedulers page (its job count counts them all).
+SCHEDULER_JOBS = 50
 #: Runs in a job's sparkline (the jobs page) and its success rate.
 SPARK_RUNS = 20
 #: The job page's windows, by the name its link uses.
@@ -119,6 +122,18 @@ class AlertsPage:
 
 
 @dataclass(frozen=True)
+class SchedulersPage:
+    """The schedulers' registry: every row, live, stopping or expired; the upkeep leader marked."""
+
+    now: datetime
+    schedulers: list[Scheduler]
+
+    @property
+    def live(self) -> int:
+        return sum(1 for row in self.schedulers if row.live)
+
+
+@dataclass(frozen=True)
 class Badge:
     job: str
     state: str
@@ -204,6 +219,10 @@ def run_page(cur: psycopg.Cursor[Any], run_id: int) -> RunPage:
 
 def alerts_page(cur: psycopg.Cursor[Any]) -> AlertsPage:
     return AlertsPage(now=reads.now(cur), alerts=reads.alerts(cur))
+
+
+def schedulers_page(cur: psycopg.Cursor[Any]) -> SchedulersPage:
+    return SchedulersPage(now=reads.now(cur), schedulers=reads.schedulers(cur, SCHEDULER_JOBS))
 
 
 def badge(cur: psycopg.Cursor[Any], job: str) -> Badge:

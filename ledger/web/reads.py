@@ -150,6 +150,27 @@ class Health:
     reason: str | None
 
 
+@dataclass(frozen=True)
+class Scheduler:
+    """A row of ``ledger.schedulers`` (``queries.SCHEDULERS``): live until ``expires_at``; ``leader``
+    while it holds the upkeep lease."""
+
+    scheduler: str
+    host: str
+    pid: int
+    version: str
+    jobs: list[str]
+    job_count: int
+    started_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime
+    stopping: bool
+    live: bool
+    status: str  # live, stopping (SIGTERM: it starts no run) or expired (it died)
+    leader: bool
+    heartbeat_age: timedelta
+
+
 class Reader:
     """Where every request reads: a small pool of connections to the ledger, each read in its own transaction.
 
@@ -296,3 +317,9 @@ def fences(cur: psycopg.Cursor[Any], job: str, token: int) -> list[FenceWrite]:
 
 def alerts(cur: psycopg.Cursor[Any]) -> list[Alert]:
     return [Alert(**row) for row in _rows(cur, queries.ALERTS, {})]
+
+
+def schedulers(cur: psycopg.Cursor[Any], first_jobs: int) -> list[Scheduler]:
+    """Every row of ``ledger.schedulers``, the expired ones too, by name; of the jobs each serves, the
+    first ``first_jobs`` (``job_count`` counts them all)."""
+    return [Scheduler(**row) for row in _rows(cur, queries.SCHEDULERS, {"all": True, "first_jobs": first_jobs})]

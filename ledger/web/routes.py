@@ -241,6 +241,16 @@ def alerts_json(request: Request) -> Response:
     return _json(_read(request, pages.alerts_page))
 
 
+def schedulers(request: Request) -> Response:
+    page = _read(request, pages.schedulers_page)
+    return _html(request, "schedulers.html", page, nav="schedulers",
+                 json_url=f"{Urls(request).root}/api/schedulers")
+
+
+def schedulers_json(request: Request) -> Response:
+    return _json(_read(request, pages.schedulers_page))
+
+
 BADGE_HEADERS = {"cache-control": "no-cache, max-age=0"}
 
 
@@ -297,6 +307,8 @@ def routes(static_directory: str) -> list[BaseRoute]:
         Route("/api/runs/{run_id:int}", run_json),
         Route("/alerts", alerts),
         Route("/api/alerts", alerts_json),
+        Route("/schedulers", schedulers),
+        Route("/api/schedulers", schedulers_json),
         Route("/badge/{job:path}", badge),
         Route("/metrics", metrics),
         Route("/static/states.css", state_styles),

@@ -38,12 +38,14 @@ def _dashboard() -> dict:
 @pytest.fixture
 def exported_names(db, dsn, connect) -> set[str]:
     """Every sample name the exporter writes (with --audit), on a ledger with a success and a running
-    run, and a snapshot held past the xmin horizon's warn threshold (lowered to 0 transactions, as the
+    run, a live scheduler, and a snapshot held past the xmin horizon's warn threshold (lowered to 0 transactions, as the
     database's owner: the holder's series is written only then)."""
     db.execute("SELECT ledger.register_job('etl', ttl => '10 minutes')")
     run = db.execute("SELECT run_id, token FROM ledger.start_run('etl', 'w')").fetchone()
     db.execute("SELECT ledger.complete_run(%s, %s)", run)
     db.execute("SELECT ledger.start_run('etl', 'w')")
+    # a scheduler's row, so that the per-scheduler series are written
+    db.execute("SELECT ledger.scheduler_heartbeat('s1', 'host', 1, 'v', ARRAY['etl'], '1 minute')")
     db.execute("CREATE OR REPLACE FUNCTION ledger._risk_horizon_warn_xids() RETURNS bigint LANGUAGE sql "
                "IMMUTABLE PARALLEL SAFE AS $$ SELECT 0::bigint $$")
     holder = connect()
