@@ -397,7 +397,8 @@ END
 $function$;
 
 -- By hand: the views that lose a column (skipped_deadline) and those that read them, dropped and
--- created as 0006 has them (a view cannot drop a column in place), with their owner, grants, comments.
+-- created as 0006 has them (a view cannot drop a column in place), with their owner, grants, comments;
+-- (EXTRACT(...))::numeric as sql/ writes it, since on PostgreSQL 13 EXTRACT is double precision.
 DROP VIEW ledger.ttl_advice, ledger.job_status, ledger.job_health, ledger.job_counters, ledger.alerts, ledger._job_state;
 
 CREATE VIEW ledger._job_state AS
@@ -545,7 +546,7 @@ CREATE VIEW ledger._job_state AS
                 CASE
                     WHEN (j.schedule IS NULL) THEN NULL::bigint
                     WHEN ((c.next_due IS NULL) OR (c.next_due > (n.at - s.grace))) THEN (0)::bigint
-                    WHEN (((j.schedule_spec).kind = 'interval'::text) AND ((j.schedule_spec).every_months = 0) AND ((j.schedule_spec).every_days = 0)) THEN ((floor((((EXTRACT(epoch FROM (n.at - s.grace)) - EXTRACT(epoch FROM ('2000-01-01 00:00:00'::timestamp without time zone AT TIME ZONE j.time_zone))) * (1000000)::numeric) / ((j.schedule_spec).every_micros)::numeric)))::bigint - (floor((((EXTRACT(epoch FROM COALESCE(c.done_slot, j.created_at)) - EXTRACT(epoch FROM ('2000-01-01 00:00:00'::timestamp without time zone AT TIME ZONE j.time_zone))) * (1000000)::numeric) / ((j.schedule_spec).every_micros)::numeric)))::bigint)
+                    WHEN (((j.schedule_spec).kind = 'interval'::text) AND ((j.schedule_spec).every_months = 0) AND ((j.schedule_spec).every_days = 0)) THEN ((floor(((((EXTRACT(epoch FROM (n.at - s.grace)))::numeric - (EXTRACT(epoch FROM ('2000-01-01 00:00:00'::timestamp without time zone AT TIME ZONE j.time_zone)))::numeric) * (1000000)::numeric) / ((j.schedule_spec).every_micros)::numeric)))::bigint - (floor(((((EXTRACT(epoch FROM COALESCE(c.done_slot, j.created_at)))::numeric - (EXTRACT(epoch FROM ('2000-01-01 00:00:00'::timestamp without time zone AT TIME ZONE j.time_zone)))::numeric) * (1000000)::numeric) / ((j.schedule_spec).every_micros)::numeric)))::bigint)
                     WHEN (c.down_due <= (n.at - s.grace)) THEN (ledger._down_after_slots())::bigint
                     ELSE (1)::bigint
                 END AS missed_slots,

@@ -1701,7 +1701,7 @@ CREATE OR REPLACE VIEW ledger._job_state AS
                 CASE
                     WHEN (j.schedule IS NULL) THEN NULL::bigint
                     WHEN ((c.next_due IS NULL) OR (c.next_due > (n.at - s.grace))) THEN (0)::bigint
-                    WHEN (((j.schedule_spec).kind = 'interval'::text) AND ((j.schedule_spec).every_months = 0) AND ((j.schedule_spec).every_days = 0)) THEN ((floor((((EXTRACT(epoch FROM (n.at - s.grace)) - EXTRACT(epoch FROM ('2000-01-01 00:00:00'::timestamp without time zone AT TIME ZONE j.time_zone))) * (1000000)::numeric) / ((j.schedule_spec).every_micros)::numeric)))::bigint - (floor((((EXTRACT(epoch FROM COALESCE(c.done_slot, j.created_at)) - EXTRACT(epoch FROM ('2000-01-01 00:00:00'::timestamp without time zone AT TIME ZONE j.time_zone))) * (1000000)::numeric) / ((j.schedule_spec).every_micros)::numeric)))::bigint)
+                    WHEN (((j.schedule_spec).kind = 'interval'::text) AND ((j.schedule_spec).every_months = 0) AND ((j.schedule_spec).every_days = 0)) THEN ((floor(((((EXTRACT(epoch FROM (n.at - s.grace)))::numeric - (EXTRACT(epoch FROM ('2000-01-01 00:00:00'::timestamp without time zone AT TIME ZONE j.time_zone)))::numeric) * (1000000)::numeric) / ((j.schedule_spec).every_micros)::numeric)))::bigint - (floor(((((EXTRACT(epoch FROM COALESCE(c.done_slot, j.created_at)))::numeric - (EXTRACT(epoch FROM ('2000-01-01 00:00:00'::timestamp without time zone AT TIME ZONE j.time_zone)))::numeric) * (1000000)::numeric) / ((j.schedule_spec).every_micros)::numeric)))::bigint)
                     WHEN (c.down_due <= (n.at - s.grace)) THEN (ledger._down_after_slots())::bigint
                     ELSE (1)::bigint
                 END AS missed_slots,
