@@ -257,13 +257,14 @@ def _sql_label(column: str) -> str:
 
 
 def _sql_number(column: str) -> str:
-    """A value as the text format reads it: an integer's digits; float8's text, the shortest that
-    reads back the same (``extra_float_digits`` 1, set with the query), infinities spelled +Inf
-    and -Inf (NaN is NaN)."""
+    """A value as the Python writer spells it (``repr(float(value))``): float8's text is the
+    shortest that reads back the same, as Python's (``extra_float_digits`` 1, set with the
+    query); a whole number below 1e15 gets Python's ``.0``; infinities are +Inf and -Inf, NaN NaN."""
     if JobRow.__annotations__[column] == "int":
-        return f"q.{column}::text"
+        return f"q.{column}::text || '.0'"
     value = f"q.{column}::float8"
     return (f"CASE WHEN {value} = 'Infinity' THEN '+Inf' WHEN {value} = '-Infinity' THEN '-Inf' "
+            f"WHEN {value} = trunc({value}) AND abs({value}) < 1e15 THEN {value}::text || '.0' "
             f"ELSE {value}::text END")
 
 
