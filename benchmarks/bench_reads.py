@@ -25,9 +25,11 @@ it), each read ``--rounds`` times, best and median:
 
 The metrics scrape is every statement of one ``ledger.metrics.read_snapshot``
 (ledger/queries.py), in one read-only transaction (``client``), and the whole
-exposition as ``jobledger metrics`` writes it (``exposition``: the snapshot
-read as ledger_reader, every family built and written as text by
-prometheus_client). The dashboard's ``/api/jobs`` and jobs page (``/``) are
+exposition as ``jobledger metrics`` writes it (``exposition``: read as
+ledger_reader, the per-job sample lines written by PostgreSQL,
+``metrics.JOB_TEXT``, timed alone too as ``job lines``), and, for
+comparison, the same text written by Python from the rows
+(``text(samples(read_snapshot()))``, the path of ``families``). The dashboard's ``/api/jobs`` and jobs page (``/``) are
 timed over HTTP against ``jobledger web``'s app on a loopback port: every
 job's state read (the filters' counts), a page of 100 drawn. Prints a markdown table;
 BENCHMARKS.md ("One truth per job") has the figures. Nothing here asserts a
@@ -191,6 +193,8 @@ def measure(dsn: str, jobs: int, rounds: int) -> dict[str, Any]:
             out[name] = {"server": server, "client": client}
         out["metrics scrape"] = {"client": _rounds(rounds, lambda: scrape(conn))}
         out["scrape parts"] = scrape_parts(conn, rounds, jobs)
+        out["job lines"] = _rounds(rounds, lambda: conn.execute(metrics.JOB_TEXT, prepare=False, binary=True).fetchall())
+        out["python writer"] = _rounds(rounds, lambda: metrics.text(metrics.samples(metrics.read_snapshot(conn))))
     out["exposition"] = _rounds(rounds, lambda: metrics.exposition(lambda: psycopg.connect(dsn, autocommit=True)))
     out.update(web(dsn, rounds))
     return out
@@ -239,9 +243,12 @@ def main() -> int:
     cells = [f"{us(r['metrics scrape']['client'][0], r['jobs'])} / {us(r['metrics scrape']['client'][1], r['jobs'])}"
              for r in results]
     print("| metrics scrape (client, its two statements) | " + " | ".join(cells) + " |")
-    for name in ("exposition", "/api/jobs", "jobs page"):
+    labels = {"job lines": "metrics job lines (`metrics.JOB_TEXT`, fetched as bytes)",
+              "exposition": "metrics exposition (`jobledger metrics`, whole text)",
+              "python writer": "metrics exposition, Python writer (`text(samples(read_snapshot()))`)"}
+    for name in ("job lines", "exposition", "python writer", "/api/jobs", "jobs page"):
         cells = [f"{us(r[name][0], r['jobs'])} / {us(r[name][1], r['jobs'])}" for r in results]
-        label = {"exposition": "metrics exposition (`jobledger metrics`, whole text)"}.get(name, f"`{name}` (HTTP)")
+        label = labels.get(name, f"`{name}` (HTTP)")
         print(f"| {label} | " + " | ".join(cells) + " |")
     print("\n| scrape statement (server, us per job, best) | " + " | ".join(f"{r['jobs']:,} jobs" for r in results)
           + " |")

@@ -357,11 +357,12 @@ SELECT s.scheduler, s.host, s.pid, s.version,
 # is a live run (not a crashed one: that is its state).
 METRIC_JOBS = """
 SELECT s.job, s.state, s.consecutive_failures, s.runs_started, s.successes, s.failures, s.skipped_overlap,
-       s.skipped_backfill, s.leases_lost, s.live AS running,
+       s.skipped_backfill, s.leases_lost, CASE WHEN s.live THEN 1 ELSE 0 END AS running,
        extract(epoch FROM s.ttl)::float8 AS ttl_seconds,
        CASE WHEN s.live THEN extract(epoch FROM s.running_for)::float8 END AS running_seconds,
        extract(epoch FROM s.longest_success)::float8 AS longest_success_seconds,
-       extract(epoch FROM s.last_success_at - s.last_success_started_at)::float8 AS last_success_seconds
+       extract(epoch FROM s.last_success_at - s.last_success_started_at)::float8 AS last_success_seconds,
+       s.failures::float8 / nullif(s.successes + s.failures, 0) AS failure_ratio
   FROM ledger._job_state AS s
  ORDER BY s.job
 """
