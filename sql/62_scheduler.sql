@@ -526,6 +526,7 @@ RETURNS timestamptz
 LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_now timestamptz := ledger._now();
@@ -689,7 +690,11 @@ BEGIN
                 DETAIL = jsonb_build_object('argument', 'ttl', 'job', v_name)::text;
         END IF;
         v_result := ledger._start_scheduled(v_job, owner, v_ttl, true);
-        UPDATE ledger.wakeups w SET at = ledger._next_start_of(v_name)
+        -- started, and not under replace: nothing starts before the lease
+        -- ends (_next_start_of's answer, without asking it)
+        UPDATE ledger.wakeups w SET at = CASE WHEN (v_result.start).outcome = 'started' AND v_job.overlap_policy <> 'replace'
+                                              THEN (v_result.start).expires_at
+                                              ELSE ledger._next_start_of(v_name) END
          WHERE w.job = v_name;
         IF (v_result.start).outcome = 'started' THEN
             v_started := v_started + 1;
