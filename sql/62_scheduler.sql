@@ -575,7 +575,6 @@ LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     v_mark record;
@@ -587,10 +586,12 @@ BEGIN
     -- so once a mark is not before the best start found, none after it is.
     -- Mostly one job's start computed; more while marks are behind (jobs
     -- due, or not yet visited since a change).
-    FOR v_mark IN
-        SELECT w.job, w.at FROM ledger.wakeups w
-         WHERE w.at IS NOT NULL AND (next_start.jobs IS NULL OR w.job = ANY (next_start.jobs))
-         ORDER BY w.at, w.job
+    -- EXECUTE: planned with the list as a constant, so that membership is
+    -- a hash probe, not a walk of the array per mark.
+    FOR v_mark IN EXECUTE
+        'SELECT w.job, w.at FROM ledger.wakeups w
+          WHERE w.at IS NOT NULL AND ($1 IS NULL OR w.job = ANY ($1))
+          ORDER BY w.at, w.job' USING jobs
     LOOP
         EXIT WHEN v_mark.at >= v_best;
         v_at := ledger._next_start_of(v_mark.job);
@@ -644,7 +645,6 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     v_name    text;
@@ -668,10 +668,12 @@ BEGIN
     -- its mark (a trigger or an end meanwhile waits, then moves the mark
     -- back), its next start is computed, what is due started, and the mark
     -- set to the next start after that.
-    FOR v_name IN
-        SELECT w.job FROM ledger.wakeups w
-         WHERE w.at <= ledger._now() AND w.job = ANY (start_due_runs.jobs)
-         ORDER BY w.at, w.job
+    -- (EXECUTE: the list planned as a constant, a hash probe per mark; the
+    -- loop's own statements keep their cached plans.)
+    FOR v_name IN EXECUTE
+        'SELECT w.job FROM ledger.wakeups w
+          WHERE w.at <= ledger._now() AND w.job = ANY ($1)
+          ORDER BY w.at, w.job' USING jobs
     LOOP
         EXIT WHEN v_started >= max_runs;
         CONTINUE WHEN NOT ledger._lock_job(v_name, false);
