@@ -294,6 +294,24 @@ COMMENT ON TABLE ledger.triggers IS 'Manual runs asked for (ledger.trigger): pen
 CREATE UNIQUE INDEX triggers_one_pending ON ledger.triggers (job) WHERE status = 'pending';
 CREATE INDEX triggers_job_requested ON ledger.triggers (job, requested_at);
 
+-- When a scheduler should next look at a job: at or before its next start
+-- (ledger.next_start's answer for it), NULL when nothing can come due
+-- (paused, or no schedule and no trigger). start_due_runs writes the exact
+-- next start of each job it visits; whatever can make a start come earlier
+-- (a registration or resume, a trigger, a run's end, a lease released)
+-- moves it back to now (ledger._wake_job). So a round reads the jobs whose
+-- mark has passed by an index range, and next_start the earliest marks,
+-- not every job served: a round costs what is due, not the jobs served.
+-- A mark earlier than the start (a lease extended by its heartbeat) costs
+-- one visit that finds nothing and writes the later one.
+CREATE TABLE ledger.wakeups (
+    job ledger.label NOT NULL PRIMARY KEY REFERENCES ledger.jobs (job) ON DELETE CASCADE,
+    at  timestamptz
+);
+COMMENT ON TABLE ledger.wakeups IS
+    'Per job: when a scheduler should next look at it (at or before its next start; NULL: nothing can come due)';
+CREATE INDEX wakeups_at ON ledger.wakeups (at, job) WHERE at IS NOT NULL;
+
 -- The live schedulers (jobledger scheduler, ledger.serve), one row each,
 -- kept by ledger.scheduler_heartbeat; an expired row is a scheduler that
 -- died (a graceful stop removes its row: ledger.scheduler_stop). A job that

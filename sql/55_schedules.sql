@@ -75,6 +75,7 @@ RETURNS timestamptz
 LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_succeeded timestamptz;

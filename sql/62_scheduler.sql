@@ -469,28 +469,70 @@ BEGIN
 END
 $$;
 
--- Each job's next start as start_due_runs would see it: NULL when nothing
+-- A job's wakeup mark moved back to now (ledger.wakeups): something that
+-- can make its next start earlier happened. A registration or a change of
+-- it (schedule, zone, pause or resume, jitter, deadline, overlap policy),
+-- a trigger asked for, a lease released or cut short (a run's end, a
+-- release, supersede, revoke). A lease of a job with no schedule and no
+-- pending trigger moves nothing: no start can come of it. Never later than
+-- the mark was: only start_due_runs, which computes the next start under
+-- the job's lease row and mark, moves a mark forward.
+CREATE FUNCTION ledger._wake_job()
+RETURNS trigger
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := ledger._now();
+BEGIN
+    IF TG_TABLE_NAME = 'leases' THEN
+        UPDATE ledger.wakeups w SET at = v_now
+          FROM ledger.jobs j
+         WHERE w.job = NEW.job AND j.job = NEW.job AND (w.at IS NULL OR w.at > v_now)
+           AND (j.schedule IS NOT NULL
+                OR EXISTS (SELECT FROM ledger.triggers t WHERE t.job = NEW.job AND t.status = 'pending'));
+    ELSE
+        INSERT INTO ledger.wakeups AS w (job, at) VALUES (NEW.job, v_now)
+        ON CONFLICT (job) DO UPDATE SET at = excluded.at WHERE w.at IS NULL OR w.at > excluded.at;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER jobs_wake
+    AFTER INSERT OR UPDATE OF schedule, schedule_spec, time_zone, created_at, paused, jitter, start_deadline,
+                              overlap_policy ON ledger.jobs
+    FOR EACH ROW EXECUTE FUNCTION ledger._wake_job();
+CREATE TRIGGER triggers_wake
+    AFTER INSERT ON ledger.triggers
+    FOR EACH ROW WHEN (NEW.status = 'pending') EXECUTE FUNCTION ledger._wake_job();
+CREATE TRIGGER leases_wake
+    AFTER UPDATE OF released_at, expires_at ON ledger.leases
+    FOR EACH ROW WHEN ((OLD.released_at IS NULL AND NEW.released_at IS NOT NULL) OR NEW.expires_at < OLD.expires_at)
+    EXECUTE FUNCTION ledger._wake_job();
+
+-- A job's next start as start_due_runs would see it: NULL when nothing
 -- will be due (paused, no schedule and no trigger); now for a pending
 -- trigger; while a lease is live, under replace the next slot (+ jitter)
 -- after the running one, otherwise the lease's expiry (nothing starts
 -- before it ends; whoever ends it asks again); else the first slot after
 -- the newest done or skipped slot (and after a failed or cancelled last
--- run's slot), plus its jitter. Set-based: one pass over the jobs' rows,
--- the schedule evaluated only where the state row's next_due is not the
--- answer.
-CREATE FUNCTION ledger._next_starts(jobs text[])
-RETURNS TABLE (job text, at timestamptz)
+-- run's slot), plus its jitter. One job's rows by key, the schedule
+-- evaluated only where the state row's next_due is not the answer.
+CREATE FUNCTION ledger._next_start_of(job text)
+RETURNS timestamptz
 LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_custom_plan
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_now timestamptz := ledger._now();
 BEGIN
-    RETURN QUERY
-    SELECT j.job::text,
-           CASE
+    RETURN (
+    SELECT CASE
                WHEN j.paused THEN NULL
                WHEN x.live AND j.overlap_policy = 'replace' AND t.trigger_id IS NOT NULL THEN v_now
                WHEN x.live AND j.overlap_policy = 'replace' THEN
@@ -523,7 +565,7 @@ BEGIN
                   greatest(c.done_slot, f.last_slot,
                            CASE WHEN lr.status = 'failure' AND lr.failure_reason IN ('error', 'cancelled')
                                 THEN lr.slot END) AS floor) x
-     WHERE (_next_starts.jobs IS NULL OR j.job = ANY (_next_starts.jobs));
+     WHERE j.job = _next_start_of.job);
 END
 $$;
 
@@ -534,9 +576,30 @@ STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_mark record;
+    v_at   timestamptz;
+    v_best timestamptz;
 BEGIN
     PERFORM ledger._check_jobs(jobs, false);
-    RETURN (SELECT min(n.at) FROM ledger._next_starts(jobs) n);
+    -- The marks, earliest first: each is at or before its job's next start,
+    -- so once a mark is not before the best start found, none after it is.
+    -- Mostly one job's start computed; more while marks are behind (jobs
+    -- due, or not yet visited since a change).
+    -- EXECUTE: planned with the list as a constant, so that membership is
+    -- a hash probe, not a walk of the array per mark.
+    FOR v_mark IN EXECUTE
+        'SELECT w.job, w.at FROM ledger.wakeups w
+          WHERE w.at IS NOT NULL AND ($1 IS NULL OR w.job = ANY ($1))
+          ORDER BY w.at, w.job' USING jobs
+    LOOP
+        EXIT WHEN v_mark.at >= v_best;
+        v_at := ledger._next_start_of(v_mark.job);
+        IF v_at < v_best OR v_best IS NULL THEN
+            v_best := v_at;
+        END IF;
+    END LOOP;
+    RETURN v_best;
 END
 $$;
 COMMENT ON FUNCTION ledger.next_start(text[]) IS
@@ -589,6 +652,7 @@ DECLARE
     v_ttl     interval;
     v_started integer := 0;
     v_result  record;
+    v_at      timestamptz;
 BEGIN
     PERFORM ledger._check_jobs(jobs, true);
     PERFORM ledger._check_label(owner, 'owner');
@@ -598,15 +662,29 @@ BEGIN
             MESSAGE = format('argument max_runs must be positive (or null: no cap), not %s', max_runs),
             DETAIL = jsonb_build_object('argument', 'max_runs', 'value', max_runs)::text;
     END IF;
-    -- The jobs whose next start has come, earliest first; each taken SKIP
-    -- LOCKED, so that concurrent schedulers split them and never wait.
-    FOR v_name IN
-        SELECT n.job FROM ledger._next_starts(jobs) n WHERE n.at <= ledger._now() ORDER BY n.at, n.job
+    -- The jobs whose wakeup mark has passed (an index range: not every job
+    -- served), earliest first; each taken SKIP LOCKED, so that concurrent
+    -- schedulers split them and never wait. Under the job's lease row and
+    -- its mark (a trigger or an end meanwhile waits, then moves the mark
+    -- back), its next start is computed, what is due started, and the mark
+    -- set to the next start after that.
+    -- (EXECUTE: the list planned as a constant, a hash probe per mark; the
+    -- loop's own statements keep their cached plans.)
+    FOR v_name IN EXECUTE
+        'SELECT w.job FROM ledger.wakeups w
+          WHERE w.at <= ledger._now() AND w.job = ANY ($1)
+          ORDER BY w.at, w.job' USING jobs
     LOOP
         EXIT WHEN v_started >= max_runs;
         CONTINUE WHEN NOT ledger._lock_job(v_name, false);
+        PERFORM FROM ledger.wakeups w WHERE w.job = v_name FOR UPDATE;
         SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = v_name;
         CONTINUE WHEN NOT FOUND;  -- unregistered meanwhile
+        v_at := ledger._next_start_of(v_name);
+        IF v_at IS NULL OR v_at > ledger._now() THEN
+            UPDATE ledger.wakeups w SET at = v_at WHERE w.job = v_name;  -- nothing due yet
+            CONTINUE;
+        END IF;
         v_ttl := coalesce(ledger._exact(start_due_runs.ttl), v_job.ttl);
         IF v_ttl IS NULL THEN
             RAISE EXCEPTION USING ERRCODE = '22023',
@@ -614,6 +692,12 @@ BEGIN
                 DETAIL = jsonb_build_object('argument', 'ttl', 'job', v_name)::text;
         END IF;
         v_result := ledger._start_scheduled(v_job, owner, v_ttl, true);
+        -- started, and not under replace: nothing starts before the lease
+        -- ends (_next_start_of's answer, without asking it)
+        UPDATE ledger.wakeups w SET at = CASE WHEN (v_result.start).outcome = 'started' AND v_job.overlap_policy <> 'replace'
+                                              THEN (v_result.start).expires_at
+                                              ELSE ledger._next_start_of(v_name) END
+         WHERE w.job = v_name;
         IF (v_result.start).outcome = 'started' THEN
             v_started := v_started + 1;
             job := v_name;

@@ -8,7 +8,7 @@ import pytest
 from sqlhelp import one, value
 
 TABLES = ["jobs", "leases", "fences", "job_execution_log", "counters", "skipped_slots", "purged_slots",
-          "purged_keys", "events", "event_settings", "alert_state", "triggers", "schedulers", "scheduler_jobs",
+          "purged_keys", "events", "event_settings", "alert_state", "triggers", "schedulers", "scheduler_jobs", "wakeups",
           "upkeep_leader"]
 WRITES = {
     "INSERT": "INSERT INTO ledger.{t} DEFAULT VALUES",
@@ -19,7 +19,7 @@ WRITES = {
 KEY = {"jobs": "job", "leases": "token", "fences": "token", "job_execution_log": "status", "counters": "failures",
        "skipped_slots": "slot_count", "purged_slots": "done_through", "purged_keys": "run_id", "events": "kind",
        "event_settings": "notify", "alert_state": "message", "triggers": "status", "schedulers": "version",
-       "scheduler_jobs": "job",
+       "scheduler_jobs": "job", "wakeups": "at",
        "upkeep_leader": "term"}
 
 
