@@ -513,6 +513,57 @@ CREATE TRIGGER leases_wake
     FOR EACH ROW WHEN ((OLD.released_at IS NULL AND NEW.released_at IS NOT NULL) OR NEW.expires_at < OLD.expires_at)
     EXECUTE FUNCTION ledger._wake_job();
 
+-- Kept for the calls in flight across revision 0009 (a start_due_runs or next_start begun in
+-- 0007's bodies calls it after the commit): nothing calls it now; a later revision drops it.
+CREATE FUNCTION ledger._next_starts(jobs text[])
+RETURNS TABLE (job text, at timestamptz)
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
+AS $$
+DECLARE
+    v_now timestamptz := ledger._now();
+BEGIN
+    RETURN QUERY
+    SELECT j.job::text,
+           CASE
+               WHEN j.paused THEN NULL
+               WHEN x.live AND j.overlap_policy = 'replace' AND t.trigger_id IS NOT NULL THEN v_now
+               WHEN x.live AND j.overlap_policy = 'replace' THEN
+                   (SELECT s.slot + CASE WHEN j.jitter IS NULL THEN interval '0' ELSE ledger._jitter(j.job, s.slot, j.jitter) END
+                      FROM (SELECT ledger._slot_after(j.schedule_spec, j.time_zone,
+                                                      greatest(c.done_slot, rr.slot, f.last_slot, j.created_at)) AS slot) s)
+               WHEN x.live THEN l.expires_at
+               WHEN t.trigger_id IS NOT NULL THEN v_now
+               WHEN j.schedule IS NULL THEN NULL
+               ELSE (SELECT s.slot + CASE WHEN j.jitter IS NULL THEN interval '0' ELSE ledger._jitter(j.job, s.slot, j.jitter) END
+                       FROM (SELECT CASE WHEN x.floor IS NULL
+                                         -- never ran: the latest slot, or the first after the registration
+                                         THEN greatest(ledger._slot_at_or_before(j.schedule_spec, j.time_zone, v_now),
+                                                       ledger._slot_after(j.schedule_spec, j.time_zone, j.created_at))
+                                         WHEN x.floor = c.done_slot AND c.next_due IS NOT NULL
+                                         THEN c.next_due
+                                         ELSE ledger._slot_after(j.schedule_spec, j.time_zone,
+                                                                 coalesce(x.floor, j.created_at)) END AS slot) s)
+           END
+      FROM ledger.jobs j
+      LEFT JOIN ledger.counters c ON c.job = j.job
+      LEFT JOIN ledger.leases l ON l.job = j.job
+      LEFT JOIN ledger.triggers t ON t.job = j.job AND t.status = 'pending'
+      LEFT JOIN ledger.job_execution_log lr ON lr.run_id = c.last_run_id
+      LEFT JOIN ledger.job_execution_log rr ON rr.run_id = c.running_run_id
+      LEFT JOIN LATERAL (SELECT k.last_slot FROM ledger.skipped_slots k WHERE k.job = j.job
+                          ORDER BY k.first_slot DESC LIMIT 1) f ON true
+     CROSS JOIN LATERAL (
+           SELECT coalesce(l.released_at IS NULL AND l.expires_at > v_now, false) AS live,
+                  greatest(c.done_slot, f.last_slot,
+                           CASE WHEN lr.status = 'failure' AND lr.failure_reason IN ('error', 'cancelled')
+                                THEN lr.slot END) AS floor) x
+     WHERE (_next_starts.jobs IS NULL OR j.job = ANY (_next_starts.jobs));
+END
+$$;
+
 -- A job's next start as start_due_runs would see it: NULL when nothing
 -- will be due (paused, no schedule and no trigger); now for a pending
 -- trigger; while a lease is live, under replace the next slot (+ jitter)
