@@ -329,8 +329,7 @@ def _job_text_query() -> str:
             pieces.append("\n")
             lines.append(_sql_concat(pieces))
         columns.append(f"convert_to(coalesce(string_agg(concat({', '.join(lines)}), ''), ''), 'UTF8')")
-    return (f"SELECT {', '.join(columns)}\n"
-            f"  FROM (SELECT m.*, {escaped} FROM ({queries.METRIC_JOBS}) AS m ORDER BY m.job) AS q")
+    return queries.metric_job_text(", ".join(columns), escaped)
 
 
 #: The generated query (built once: the family table does not change while the process runs).
@@ -438,7 +437,7 @@ def read_text(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TIMEOU
     by PostgreSQL (:data:`JOB_TEXT`, read as bytes), the rest by :func:`text`."""
     with read_only_transaction(conn, timeout) as cur:
         # float8's shortest exact text, whatever the session's setting (0 would round)
-        cur.execute("SELECT pg_catalog.set_config('extra_float_digits', '1', true)", prepare=False)
+        cur.execute(queries.EXTRA_FLOAT_DIGITS, prepare=False)
         bodies = cur.execute(JOB_TEXT, prepare=False, binary=True).fetchone()
         rest = _read_rest(cur, [], audit)
     assert bodies is not None  # an aggregate without GROUP BY: always one row

@@ -785,3 +785,13 @@ LISTEN_SCHEDULER = "LISTEN ledger_scheduler"
 TRIGGER_STATE = "SELECT t.status, t.run_id, t.skip_reason FROM ledger.triggers AS t WHERE t.trigger_id = %(trigger_id)s"
 
 REAP_ALL = "SELECT ledger.reap_expired()"
+
+# The scrape's per-job sample lines, written by PostgreSQL (ledger.metrics generates `columns`, one
+# string_agg per family, and `labels`, each label column escaped once, from its one family table).
+EXTRA_FLOAT_DIGITS = "SELECT pg_catalog.set_config('extra_float_digits', '1', true)"
+
+
+def metric_job_text(columns: str, labels: str) -> str:
+    """The statement that writes every job's sample lines over ``METRIC_JOBS``, ordered by job."""
+    return (f"SELECT {columns}\n"
+            f"  FROM (SELECT m.*, {labels} FROM ({METRIC_JOBS}) AS m ORDER BY m.job) AS q")
