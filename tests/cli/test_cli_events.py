@@ -442,6 +442,9 @@ def test_notify_posts_an_alert_raised_then_cleared_as_json_until_ctrl_c(dsn, db,
         wait_for(lambda: len(hook.bodies()) >= 1, timeout=TIMEOUT, what=f"the first POST ({notifier.stderr()})")
         db.execute("SELECT ledger.resume_job('backup')")  # paused cleared; failing raised
         wait_for(lambda: len(hook.bodies()) >= 3, timeout=TIMEOUT, what=f"three POSTs ({notifier.stderr()})")
+        # the hook has the third body before the notifier has its answer and says so: wait for that line
+        wait_for(lambda: notifier.stderr().count("delivered, HTTP 200 (attempt 1 of 6)") >= 3, timeout=TIMEOUT,
+                 what=f"three deliveries told ({notifier.stderr()})")
         assert notifier.interrupt() == 0, notifier.stderr()
     bodies = hook.bodies()
     assert [(b["kind"], b["job"], b["alert"]) for b in bodies] == [
