@@ -30,6 +30,12 @@ CREATE FUNCTION ledger._max_every() RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT interval '1 year' $$;
 
+-- A pool's size (ledger.pools): each start of a member job counts the
+-- pool's live leases.
+CREATE FUNCTION ledger._max_pool_size() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 100000 $$;
+
 -- The catch-up bound: due_slots walks back at most this many slots.
 CREATE FUNCTION ledger._max_backfill() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE

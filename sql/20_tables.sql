@@ -1,6 +1,23 @@
 -- The ledger's tables and their invariants: constraints and unique partial
 -- indexes hold them whatever the writer, not only the functions.
 
+-- Pools: a limit shared by jobs, whichever they are: at most `size` live
+-- leases of its member jobs at once (63_pools.sql). A start that would
+-- exceed it is skipped as skipped_pool_full, never an error.
+CREATE TABLE ledger.pools (
+    pool        ledger.label PRIMARY KEY,
+    size        integer     NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The last start the pool admitted, written under the row's lock by
+    -- each admission: a start in a REPEATABLE READ transaction whose
+    -- snapshot predates another's admission then fails (40001) instead of
+    -- counting the pool without it.
+    admitted_at timestamptz,
+    CONSTRAINT pools_size_valid CHECK (size BETWEEN 1 AND 100000)
+);
+COMMENT ON TABLE ledger.pools IS 'Named limits shared by jobs: at most size live leases of the member jobs at once';
+
 CREATE TABLE ledger.jobs (
     job           ledger.label PRIMARY KEY,
     schedule      text,
@@ -37,6 +54,10 @@ CREATE TABLE ledger.jobs (
     -- The source (a jobs file) that last defined the job through
     -- ledger.sync_jobs; NULL for a job registered by hand.
     defined_by     text,
+    -- The pool the job belongs to (ledger.pools), NULL: none. Its lease
+    -- row carries a copy (ledger.leases.pool), written with it under the
+    -- job's lease row lock, so a start reads it from the row it locks.
+    pool           ledger.label REFERENCES ledger.pools (pool),
     CONSTRAINT jobs_ttl_positive CHECK (ttl > interval '0'),
     CONSTRAINT jobs_bounds_positive CHECK (late_after > interval '0' AND down_after > interval '0'
                                            AND min_runtime > interval '0' AND max_runtime > interval '0'
@@ -81,12 +102,19 @@ CREATE TABLE ledger.leases (
     -- WAL timeline that issued `token`: a change means a standby was
     -- promoted, and the next token jumps past anything the old primary issued.
     timeline    integer     NOT NULL,
+    -- The job's pool (ledger.jobs.pool, copied under this row's lock): a
+    -- live lease of a row with a pool counts against that pool's size.
+    pool        ledger.label,
     CONSTRAINT leases_token_positive CHECK (token > 0),
     CONSTRAINT leases_ttl_positive CHECK (ttl > interval '0'),
     CONSTRAINT leases_timeline_positive CHECK (timeline > 0),
     CONSTRAINT leases_released_ends_lease CHECK (released_at IS NULL OR expires_at <= released_at)
 );
 COMMENT ON TABLE ledger.leases IS 'Per-job lease: holder, fencing token, expiry';
+-- A pool's live leases, counted by each start of a member job
+-- (ledger._pool_admits). pool rarely changes, so the renewals of the row
+-- stay HOT updates.
+CREATE INDEX leases_pool ON ledger.leases (pool) WHERE pool IS NOT NULL;
 
 -- A fence belongs to the job that first wrote through it: tokens are counted
 -- per job, so only that job's tokens can be compared with the one recorded.
@@ -206,10 +234,13 @@ CREATE TABLE ledger.counters (
     -- slots skipped because their start deadline had passed (last: the
     -- column 0007 added, where an upgrade puts it)
     skipped_deadline        bigint NOT NULL DEFAULT 0,
+    -- starts skipped because the job's pool was full (0010 added it)
+    skipped_pool_full       bigint NOT NULL DEFAULT 0,
     CONSTRAINT counters_non_negative CHECK (
         runs_started >= 0 AND successes >= 0 AND failures >= 0
         AND skipped_overlap >= 0 AND skipped_backfill >= 0 AND leases_lost >= 0
-        AND consecutive_failures >= 0 AND skipped_deadline >= 0)
+        AND consecutive_failures >= 0 AND skipped_deadline >= 0),
+    CONSTRAINT counters_pool_full_non_negative CHECK (skipped_pool_full >= 0)
 );
 COMMENT ON TABLE ledger.counters IS 'Each known job''s state row: its counters and its state from the log (one writer: ledger._set_state)';
 
@@ -306,11 +337,20 @@ CREATE INDEX triggers_job_requested ON ledger.triggers (job, requested_at);
 -- one visit that finds nothing and writes the later one.
 CREATE TABLE ledger.wakeups (
     job ledger.label NOT NULL PRIMARY KEY REFERENCES ledger.jobs (job) ON DELETE CASCADE,
-    at  timestamptz
+    at  timestamptz,
+    -- A start of the job found its pool full: the pool it waits a place
+    -- in, and the mark it had then (its due time, which orders the waiting
+    -- jobs: the oldest waits least). `at` is meanwhile when a place frees
+    -- at the latest (the earliest expiry of the pool's live leases); an end
+    -- or a release in the pool moves the waiting marks back to their due
+    -- times (ledger._wake_job).
+    pool_wait     ledger.label,
+    waiting_since timestamptz
 );
 COMMENT ON TABLE ledger.wakeups IS
     'Per job: when a scheduler should next look at it (at or before its next start; NULL: nothing can come due)';
 CREATE INDEX wakeups_at ON ledger.wakeups (at, job) WHERE at IS NOT NULL;
+CREATE INDEX wakeups_pool_wait ON ledger.wakeups (pool_wait) WHERE pool_wait IS NOT NULL;
 
 -- The live schedulers (jobledger scheduler, ledger.serve), one row each,
 -- kept by ledger.scheduler_heartbeat; an expired row is a scheduler that

@@ -346,9 +346,12 @@ BEGIN
                 CONTINUE;  -- changed in between: look again
             END IF;
             PERFORM ledger._lock_lease_to_be(_lock_lease.job);
-            INSERT INTO ledger.leases (job, owner, token, ttl, acquired_at, expires_at, timeline)
+            -- the job's pool copied onto its first lease row, under the lock
+            -- that stands for that row (register_job writes both under it)
+            INSERT INTO ledger.leases (job, owner, token, ttl, acquired_at, expires_at, timeline, pool)
             SELECT _lock_lease.job, _lock_lease.owner, ledger._next_token(NULL, NULL, timeline),
-                   ttl, now_.at, now_.at + ttl, timeline
+                   ttl, now_.at, now_.at + ttl, timeline,
+                   (SELECT j.pool FROM ledger.jobs j WHERE j.job = _lock_lease.job)
               FROM (SELECT ledger._now() AS at) now_
             ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
             RETURNING * INTO lease;

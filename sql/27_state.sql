@@ -131,14 +131,16 @@ $$;
 --                      superseded: the reaper, a takeover, force_release);
 --   'skipped_backfill' the catch-up bound dropped `slots` slots;
 --   'skipped_deadline' `slots` slots passed their start deadline unstarted;
+--   'skipped_pool_full' a start its pool did not admit (ledger._pool_full);
 --   'forgotten'        its history went (unregister_job with history): the
 --                      row goes with it, and the job is no longer known;
 --   'recomputed'       a write past the functions changed its log: the row
 --                      is recomputed from the log (ledger._state_from_log).
 -- It takes the job's lease row first, as every writer of a job does, so
 -- two transitions of a job never interleave; the hot path's transitions
--- ('leased', 'started', 'ended', 'lost') skip that lock, since their callers
--- (acquire, ledger._start, ledger._end_run, ledger._close_lost's callers)
+-- ('leased', 'started', 'ended', 'lost', 'skipped_pool_full') skip that
+-- lock, since their callers (acquire, ledger._start, ledger._end_run,
+-- ledger._close_lost's callers)
 -- hold the row already, locked or inserted in this transaction, and a second
 -- lock of a row one just updated is no wait but a WAL record of its own.
 -- purge_log writes no state row: what it removes stays counted
@@ -157,7 +159,7 @@ DECLARE
     v_next   timestamptz;  -- the due marks after the run's slot
     v_down   timestamptz;
 BEGIN
-    IF event NOT IN ('leased', 'started', 'ended', 'lost') THEN
+    IF event NOT IN ('leased', 'started', 'ended', 'lost', 'skipped_pool_full') THEN
         PERFORM FROM ledger.leases l WHERE l.job = _set_state.job FOR UPDATE;
     END IF;
     CASE event
@@ -304,6 +306,11 @@ BEGIN
         END IF;
     WHEN 'skipped_backfill' THEN
         UPDATE ledger.counters c SET skipped_backfill = c.skipped_backfill + slots WHERE c.job = _set_state.job;
+    WHEN 'skipped_pool_full' THEN
+        -- a start the job's pool did not admit (its caller holds the lease
+        -- row, or the lock that stands for it)
+        INSERT INTO ledger.counters AS c (job, skipped_pool_full) VALUES (_set_state.job, 1)
+        ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET skipped_pool_full = c.skipped_pool_full + 1;
     WHEN 'skipped_deadline' THEN
         UPDATE ledger.counters c SET skipped_deadline = c.skipped_deadline + slots WHERE c.job = _set_state.job;
     WHEN 'forgotten' THEN
@@ -583,7 +590,9 @@ SELECT c.job,
            WHEN coalesce(j.ttl, l.ttl) > greatest(c.longest_success * 2, ledger._advice_min_ttl()) THEN 'too_long'
            ELSE 'ok'
        END                                                                AS ttl_verdict,
-       c.skipped_deadline
+       c.skipped_deadline,
+       c.skipped_pool_full,
+       j.pool::text                                                       AS pool
   FROM ledger.counters c
   LEFT JOIN ledger.jobs j ON j.job = c.job
   LEFT JOIN ledger.leases l ON l.job = c.job

@@ -62,6 +62,14 @@ BEGIN
         v_state := v_took.state;
         IF v_state = 'created' THEN
             PERFORM ledger._set_state(job, 'leased');
+            -- a first lease of a job in a full pool: let go at once (its
+            -- token burnt, never reissued)
+            IF v_lease.pool IS NOT NULL AND NOT ledger._pool_admits(job, v_lease.pool) THEN
+                UPDATE ledger.leases l SET expires_at = l.acquired_at, released_at = l.acquired_at
+                 WHERE l.job = acquire.job;
+                PERFORM ledger._set_state(job, 'skipped_pool_full');
+                RETURN;
+            END IF;
             RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
             RETURN;
         ELSIF v_state <> 'locked' THEN
@@ -69,6 +77,12 @@ BEGIN
         END IF;
     END IF;
 
+    -- POOL CHECK: before a token is issued (the lease row carries the
+    -- job's pool; a job in none pays one test). Not admitted: no row.
+    IF v_lease.pool IS NOT NULL AND NOT ledger._pool_admits(job, v_lease.pool) THEN
+        PERFORM ledger._set_state(job, 'skipped_pool_full');
+        RETURN;
+    END IF;
     -- Locked, and free, expired or ours: take it with a new token. The
     -- clock is read once the row is locked: a caller that waited for the
     -- previous holder must not date its lease before that holder let go.

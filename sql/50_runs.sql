@@ -156,6 +156,11 @@ BEGIN
             v_result.outcome := 'already_done';
             RETURN v_result;
         END IF;
+        -- POOL CHECK: before a token is issued (the lease row carries the
+        -- job's pool; a job in none pays one test)
+        IF v_lease.pool IS NOT NULL AND NOT ledger._pool_admits(job, v_lease.pool) THEN
+            RETURN ledger._pool_full(job, slot);
+        END IF;
         -- The same owner still holds it: the new token wins.
         IF v_running.run_id IS NOT NULL THEN
             PERFORM ledger._close_lost(v_running, 'superseded', v_now);
@@ -174,6 +179,13 @@ BEGIN
             timeline    = v_timeline
          WHERE l.job = _start.job
         RETURNING * INTO v_lease;
+    END IF;
+    -- A first lease row, made live by ledger._lock_lease, of a job in a
+    -- full pool: let go at once (its token is burnt, never reissued).
+    IF v_state = 'created' AND v_lease.pool IS NOT NULL AND NOT ledger._pool_admits(job, v_lease.pool) THEN
+        UPDATE ledger.leases l SET expires_at = l.acquired_at, released_at = l.acquired_at WHERE l.job = _start.job;
+        PERFORM ledger._set_state(job, 'leased');
+        RETURN ledger._pool_full(job, slot);
     END IF;
     -- 'created' (a job with no lease row has no runs: nothing to check) or
     -- taken just now: log the running run, and the job's 'started'

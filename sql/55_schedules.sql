@@ -171,7 +171,8 @@ CREATE FUNCTION ledger.register_job(
     pause_after_failures integer DEFAULT NULL,
     jitter interval DEFAULT NULL,
     start_deadline interval DEFAULT NULL,
-    overlap_policy text DEFAULT NULL)
+    overlap_policy text DEFAULT NULL,
+    pool text DEFAULT NULL)
 RETURNS ledger.jobs
 LANGUAGE plpgsql
 VOLATILE
@@ -184,8 +185,13 @@ DECLARE
     v_job   ledger.jobs;
     v_ahead timestamptz;  -- the newest slot done
     v_new   boolean;
+    v_lease ledger.leases;
 BEGIN
     PERFORM ledger._check_label(job, 'job');
+    -- a pool's name, or '' for none (NULL keeps the job's)
+    IF pool <> '' THEN
+        PERFORM ledger._check_label(pool, 'pool');
+    END IF;
     IF max_backfill < 1 OR max_backfill > ledger._max_backfill() THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('argument max_backfill must be from 1 to %s', ledger._max_backfill()),
@@ -217,7 +223,7 @@ BEGIN
     -- registration as it is, locked (a first one: created, then locked). FOR NO KEY UPDATE, as the UPDATE below would: a
     -- start's foreign key checks (FOR KEY SHARE) on this row must never wait
     -- on a registration.
-    PERFORM ledger._lock_registration(register_job.job);
+    v_lease := ledger._lock_registration(register_job.job);
     SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR NO KEY UPDATE;
     v_new := NOT FOUND;
     IF v_new THEN
@@ -245,6 +251,10 @@ BEGIN
     v_job.start_deadline := CASE WHEN register_job.start_deadline IS NULL THEN v_old.start_deadline
                                  ELSE nullif(ledger._exact(register_job.start_deadline), interval '0') END;
     v_job.overlap_policy := coalesce(register_job.overlap_policy, v_old.overlap_policy);
+    v_job.pool := CASE WHEN register_job.pool IS NULL THEN v_old.pool ELSE nullif(register_job.pool, '') END;
+    IF v_job.pool IS DISTINCT FROM v_old.pool AND v_job.pool IS NOT NULL THEN
+        PERFORM ledger._registered_pool(v_job.pool);  -- LD008 (the row's foreign key holds it from here)
+    END IF;
     IF v_job.schedule IS NOT NULL THEN
         -- parsed once, here: the spec depends on the schedule and the zone
         v_spec := ledger._parse_schedule(v_job.schedule, v_job.time_zone);
@@ -288,9 +298,19 @@ BEGIN
         jitter               = v_job.jitter,
         start_deadline       = v_job.start_deadline,
         overlap_policy       = v_job.overlap_policy,
+        pool                 = v_job.pool,
         updated_at           = CASE WHEN v_new THEN j.updated_at ELSE ledger._now() END
      WHERE j.job = register_job.job
     RETURNING * INTO v_job;
+    IF v_job.pool IS DISTINCT FROM v_old.pool THEN
+        -- the copy on the lease row, under its lock (taken above)
+        UPDATE ledger.leases l SET pool = v_job.pool WHERE l.job = register_job.job;
+        IF v_old.pool IS NOT NULL THEN
+            PERFORM ledger._wake_pool(v_old.pool);  -- a place there may have freed
+        END IF;
+        UPDATE ledger.wakeups w SET at = least(w.at, w.waiting_since), pool_wait = NULL, waiting_since = NULL
+         WHERE w.job = register_job.job AND w.pool_wait IS NOT NULL;
+    END IF;
     -- The job's state row: its due marks follow the schedule as it is now.
     PERFORM ledger._set_state(register_job.job, 'registration');
     PERFORM pg_notify('ledger_scheduler', register_job.job);
@@ -298,9 +318,9 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION ledger.register_job(text, text, interval, integer, text, interval, interval, interval,
-                                        interval, integer, interval, interval, text) IS
+                                        interval, integer, interval, interval, text, text) IS
     'Register a job or change the options given: schedule, default ttl, catch-up bound, time zone, health bounds, '
-    'jitter, start deadline, overlap policy';
+    'jitter, start deadline, overlap policy, pool';
 
 -- Set a registered job's pause flag: true when that changed it (LD005 when
 -- the job was never registered). The body of pause_job and resume_job.

@@ -40,6 +40,8 @@ BEGIN
             DETAIL = jsonb_build_object('argument', 'job', 'job', job, 'run_id', v_running.run_id,
                                         'owner', v_running.owner)::text;
     END IF;
+    -- out of its pool first: the lease row (kept) counts against none
+    UPDATE ledger.leases l SET pool = NULL WHERE l.job = unregister_job.job AND l.pool IS NOT NULL;
     DELETE FROM ledger.jobs j WHERE j.job = unregister_job.job;  -- skipped_slots cascade
     v_found := FOUND;
     IF with_history THEN

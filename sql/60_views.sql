@@ -11,13 +11,15 @@ SELECT k.job,
                                        AS skipped_overlap,
        coalesce(c.skipped_backfill, 0) AS skipped_backfill,
        coalesce(c.leases_lost, 0)      AS leases_lost,
-       coalesce(c.skipped_deadline, 0) AS skipped_deadline
+       coalesce(c.skipped_deadline, 0) AS skipped_deadline,
+       coalesce(c.skipped_pool_full, 0) AS skipped_pool_full
   FROM (SELECT t.job FROM ledger.counters t
         UNION SELECT t.job FROM ledger.jobs t
         UNION SELECT t.job FROM ledger.skip_counts t) k
   LEFT JOIN ledger.counters c ON c.job = k.job;
 COMMENT ON VIEW ledger.job_counters IS
-    'Per job: runs started, successes, failures, skips by overlap and by backfill limit, leases lost, skips by start deadline';
+    'Per job: runs started, successes, failures, skips by overlap and by backfill limit, leases lost, skips by start deadline, '
+    'starts skipped by a full pool';
 
 -- Pairs of runs of one job whose time spans overlap. Should always be empty:
 -- it is the audit that proves it. A window over start order finds the runs

@@ -493,6 +493,10 @@ BEGIN
          WHERE w.job = NEW.job AND j.job = NEW.job AND (w.at IS NULL OR w.at > v_now)
            AND (j.schedule IS NOT NULL
                 OR EXISTS (SELECT FROM ledger.triggers t WHERE t.job = NEW.job AND t.status = 'pending'));
+        -- a place in the job's pool freed: the jobs waiting for one
+        IF NEW.pool IS NOT NULL THEN
+            PERFORM ledger._wake_pool(NEW.pool);
+        END IF;
     ELSE
         INSERT INTO ledger.wakeups AS w (job, at) VALUES (NEW.job, v_now)
         ON CONFLICT (job) DO UPDATE SET at = excluded.at WHERE w.at IS NULL OR w.at > excluded.at;
@@ -640,12 +644,14 @@ BEGIN
     -- EXECUTE: planned with the list as a constant, so that membership is
     -- a hash probe, not a walk of the array per mark.
     FOR v_mark IN EXECUTE
-        'SELECT w.job, w.at FROM ledger.wakeups w
+        'SELECT w.job, w.at, w.pool_wait FROM ledger.wakeups w
           WHERE w.at IS NOT NULL AND ($1 IS NULL OR w.job = ANY ($1))
           ORDER BY w.at, w.job' USING jobs
     LOOP
         EXIT WHEN v_mark.at >= v_best;
-        v_at := ledger._next_start_of(v_mark.job);
+        -- A job waiting a place in its pool: its mark is when one frees at
+        -- the latest (an end in the pool moves it back sooner).
+        v_at := CASE WHEN v_mark.pool_wait IS NOT NULL THEN v_mark.at ELSE ledger._next_start_of(v_mark.job) END;
         IF v_at < v_best OR v_best IS NULL THEN
             v_best := v_at;
         END IF;
@@ -743,11 +749,27 @@ BEGIN
                 DETAIL = jsonb_build_object('argument', 'ttl', 'job', v_name)::text;
         END IF;
         v_result := ledger._start_scheduled(v_job, owner, v_ttl, true);
+        IF (v_result.start).outcome = 'skipped_pool_full' THEN
+            -- The pool is full: the job waits a place, its due mark kept
+            -- (it orders the waiting: the oldest waits least), looked at
+            -- again when an end in the pool wakes it (ledger._wake_pool),
+            -- or when the pool's earliest live lease expires, or after 10 s
+            -- at most (a pool row held past the lock bound).
+            UPDATE ledger.wakeups w
+               SET pool_wait = v_job.pool,
+                   waiting_since = coalesce(w.waiting_since, w.at),
+                   at = least(ledger._now() + interval '10 seconds',
+                              (SELECT min(l.expires_at) FROM ledger.leases l
+                                WHERE l.pool = v_job.pool AND l.released_at IS NULL AND l.expires_at > ledger._now()))
+             WHERE w.job = v_name;
+            CONTINUE;
+        END IF;
         -- started, and not under replace: nothing starts before the lease
         -- ends (_next_start_of's answer, without asking it)
         UPDATE ledger.wakeups w SET at = CASE WHEN (v_result.start).outcome = 'started' AND v_job.overlap_policy <> 'replace'
                                               THEN (v_result.start).expires_at
-                                              ELSE ledger._next_start_of(v_name) END
+                                              ELSE ledger._next_start_of(v_name) END,
+                                    pool_wait = NULL, waiting_since = NULL
          WHERE w.job = v_name;
         IF (v_result.start).outcome = 'started' THEN
             v_started := v_started + 1;
@@ -902,7 +924,7 @@ AS $$
 BEGIN
     RETURN '{"schedule": null, "ttl": null, "max_backfill": 1, "time_zone": "UTC", "late_after": "0",
              "down_after": "0", "min_runtime": "0", "max_runtime": "0", "pause_after_failures": 0,
-             "jitter": "0", "start_deadline": "0", "overlap_policy": "catch_up"}'::jsonb;
+             "jitter": "0", "start_deadline": "0", "overlap_policy": "catch_up", "pool": ""}'::jsonb;
 END
 $$;
 
@@ -935,6 +957,7 @@ DECLARE
     v_ji    interval;
     v_sd    interval;
     v_op    text;
+    v_pool  text;
 BEGIN
     BEGIN
         FOR v_key IN SELECT k FROM jsonb_object_keys(v_def) k ORDER BY 1 LOOP
@@ -955,12 +978,13 @@ BEGIN
         v_key := 'jitter';         v_ji := (v_def ->> 'jitter')::interval;
         v_key := 'start_deadline'; v_sd := (v_def ->> 'start_deadline')::interval;
         v_key := 'overlap_policy'; v_op := v_def ->> 'overlap_policy';
+        v_key := 'pool';           v_pool := v_def ->> 'pool';
         v_key := NULL;
         RETURN ledger.register_job(job => job, schedule => v_s, ttl => v_ttl, max_backfill => v_mb,
                                    time_zone => v_tz, late_after => v_la, down_after => v_da, min_runtime => v_mi,
                                    max_runtime => v_ma, pause_after_failures => v_paf, jitter => v_ji,
-                                   start_deadline => v_sd, overlap_policy => v_op);
-    EXCEPTION WHEN data_exception OR SQLSTATE 'LD005' THEN
+                                   start_deadline => v_sd, overlap_policy => v_op, pool => v_pool);
+    EXCEPTION WHEN data_exception OR SQLSTATE 'LD005' OR SQLSTATE 'LD008' THEN
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT, v_detail = PG_EXCEPTION_DETAIL;
         BEGIN
             v_arg := (v_detail::jsonb) ->> 'argument';

@@ -80,7 +80,9 @@ SELECT s.job,
        s.skipped_backfill,
        s.leases_lost,
        s.state,
-       s.skipped_deadline
+       s.skipped_deadline,
+       s.skipped_pool_full,
+       s.pool
   FROM ledger._job_state s;
 COMMENT ON VIEW ledger.job_status IS
     'One row per known job: lease, last run, last success, current run, next slot, state, failures, counters';

@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 # invalid value raises 22023", and the LD error table. No 40001: the fuzz
 # runs on one connection, and without a concurrent transaction neither
 # REPEATABLE READ nor SERIALIZABLE can fail to serialize.
-ALLOWED_SQLSTATES = frozenset({"22004", "22023", "LD001", "LD002", "LD003", "LD004", "LD005", "LD006"})
+ALLOWED_SQLSTATES = frozenset({"22004", "22023", "LD001", "LD002", "LD003", "LD004", "LD005", "LD006", "LD008"})
 # A procedure that commits (ledger.run_guarded) adds, per the contract, 25001
 # (called inside a transaction block) and PostgreSQL's 2D000 (its COMMIT
 # where COMMIT is impossible); and it re-raises its command's error, whatever
@@ -51,7 +51,9 @@ PROCEDURE_SQLSTATES = frozenset({"25001", "2D000"})
 # one that does not exist (42P01), that the caller does not own (42501),
 # that is protected already (42710), whose lock is not had in time (55P03).
 TABLE_SQLSTATES = {"protect": frozenset({"42P01", "42501", "42710", "55P03"}),
-                   "unprotect": frozenset({"42P01", "42501", "55P03"})}
+                   "unprotect": frozenset({"42P01", "42501", "55P03"}),
+                   # a pool that jobs still belong to (docs/contract.md, Pools)
+                   "drop_pool": frozenset({"2BP01"})}
 
 # ------------------------------------------------------------------ the catalog
 
@@ -512,10 +514,11 @@ class Live:
     slots: list[str] = field(default_factory=list)
     leases: list[list[Any]] = field(default_factory=list)  # [job, owner, token] of every lease row
     runs: list[list[Any]] = field(default_factory=list)  # [run_id, token] of every run
+    pools: list[str] = field(default_factory=list)
 
     def labels_for(self, arg: str) -> list[str]:
         return {"job": self.jobs, "owner": self.owners, "resource": self.resources,
-                "idempotency_key": self.keys}.get(arg, [])
+                "idempotency_key": self.keys, "pool": self.pools}.get(arg, [])
 
 
 LIVE_QUERY = """
@@ -548,7 +551,8 @@ SELECT (SELECT coalesce(array_agg(job::text ORDER BY job), '{}')
           FROM candidate WHERE at IS NOT NULL AND isfinite(at) AND at > '0001-01-01+00'),
        (SELECT coalesce(jsonb_agg(jsonb_build_array(job, owner, token) ORDER BY job), '[]') FROM ledger.leases),
        (SELECT coalesce(jsonb_agg(jsonb_build_array(run_id, token) ORDER BY run_id), '[]')
-          FROM ledger.job_execution_log)
+          FROM ledger.job_execution_log),
+       (SELECT coalesce(array_agg(pool::text ORDER BY pool), '{}') FROM ledger.pools)
 """
 
 
@@ -598,6 +602,10 @@ def strategy_for(arg: Arg, live: Live) -> st.SearchStrategy[Any]:
         return integers32()
     if key == ("jobs", "text[]"):
         return st.one_of(st.none(), st.lists(labels(live.jobs), max_size=4))
+    if key == ("size", "integer"):
+        return st.one_of(st.none(), st.sampled_from([0, 1, 100_000, 100_001, -1]), integers32())
+    if key == ("detach", "boolean"):
+        return st.one_of(st.none(), st.booleans())
     if key == ("overlap_policy", "text"):
         return st.one_of(st.none(), st.sampled_from([*OVERLAP_POLICIES, "Skip", "", "forbid", "allow_all"]), texts())
     if key == ("removed", "text"):
@@ -672,6 +680,9 @@ def friendly(live: Live) -> dict[str, st.SearchStrategy[Any]]:
                               '{"fz-new": {"schedule": "@hourly", "ttl": "1 minute", "jitter": "1 minute"}}']),
         "source": known(["jobs.toml", "other.toml"]),
         "removed": known(["pause", "unregister"]),
+        "pool": known(live.pools, "fz-pool"),
+        "size": known([1, 2, 3, 100_000]),
+        "detach": known([False, True]),
     }
 
 
@@ -792,10 +803,10 @@ DURATION_BOUNDS = {  # argument -> upper bound in microseconds (a duration has n
 }
 ZERO_CLEARS = frozenset({"late_after", "down_after", "min_runtime", "max_runtime", "jitter", "start_deadline"})
 LABEL_ARGS = frozenset({"job", "owner", "resource", "idempotency_key", "requested_by", "scheduler", "host",
-                        "version", "source"})
+                        "version", "source", "pool"})
 OVERLAP_POLICIES = ("catch_up", "skip", "buffer_one", "replace")
 DEFINITION_KEYS = ("schedule", "ttl", "max_backfill", "time_zone", "late_after", "down_after", "min_runtime",
-                   "max_runtime", "pause_after_failures", "jitter", "start_deadline", "overlap_policy")
+                   "max_runtime", "pause_after_failures", "jitter", "start_deadline", "overlap_policy", "pool")
 INSTANT_ARGS = frozenset({"slot", "at", "after", "from_slot", "to_slot"})
 
 # The facts bound_violations() needs, computed by PostgreSQL from the value
@@ -895,6 +906,8 @@ def bound_violations(call: Call, facts: dict[str, Any]) -> list[str]:
             if not arg.has_default:
                 problems.append(f"required argument {arg.name} is NULL")
             continue
+        if arg.name == "pool" and value == "" and call.sig.name == "register_job":
+            continue  # '' takes the job out of its pool
         if arg.type == "text" and arg.name in LABEL_ARGS:
             why = label_problem(value)
             if why:
@@ -949,6 +962,8 @@ def bound_violations(call: Call, facts: dict[str, Any]) -> list[str]:
                 problems.append(f"detail is a JSON {kind}, not an object")
             elif int(size) > 65_536:
                 problems.append(f"detail is {size} bytes as text (over 65536)")
+        elif arg.name == "size" and not 1 <= fact <= 100_000:
+            problems.append(f"size {fact} is outside 1 to 100000")
         elif arg.name == "max_backfill" and not 1 <= fact <= 1000:
             problems.append(f"max_backfill {fact} is outside 1 to 1000")
         elif arg.name == "pause_after_failures" and not 0 <= fact <= 1000:

@@ -73,6 +73,7 @@ FUZZED = sorted([
     "configure_events", "purge_events", "sync_alerts", "verify_state",
     "protect", "unprotect",
     "slot_jitter", "next_start", "start_due_runs", "trigger", "scheduler_heartbeat", "scheduler_stop", "sync_jobs",
+    "register_pool", "resize_pool", "drop_pool",
 ])
 
 # function_scoped_fixture: the fixture's database is shared on purpose, and
@@ -107,7 +108,8 @@ def seed(conn: psycopg.Connection) -> None:
     x("SELECT ledger.register_job('nightly', '30 2 * * *', '1 hour', 5, 'Europe/Berlin')")
     x("SELECT ledger.register_job('every', '15 minutes', '10 minutes', 2, 'America/New_York')")
     x("SELECT ledger.register_job('minutely', '*/5 * * * *', '1 minute', 3, 'Australia/Lord_Howe')")
-    x("SELECT ledger.register_job('plain', ttl => '5 minutes')")
+    x("SELECT ledger.register_pool('heavy', 2)")
+    x("SELECT ledger.register_job('plain', ttl => '5 minutes', pool => 'heavy')")
     x("SELECT ledger.register_job('paused', '@hourly', '1 hour')")
     x("SELECT ledger.pause_job('paused')")
     # 'every': two successes (the older purged: purged_slots, purged_keys), a
