@@ -62,11 +62,10 @@ BEGIN
         v_state := v_took.state;
         IF v_state = 'created' THEN
             PERFORM ledger._set_state(job, 'leased');
-            -- a first lease of a job in a full pool: let go at once (its
-            -- token burnt, never reissued)
+            -- a first lease row of a job in a full pool: removed again (its
+            -- token was never handed out, and no one else has seen the row)
             IF v_lease.pool IS NOT NULL AND NOT ledger._pool_admits(job, v_lease.pool) THEN
-                UPDATE ledger.leases l SET expires_at = l.acquired_at, released_at = l.acquired_at
-                 WHERE l.job = acquire.job;
+                DELETE FROM ledger.leases l WHERE l.job = acquire.job;
                 PERFORM ledger._set_state(job, 'skipped_pool_full');
                 RETURN;
             END IF;

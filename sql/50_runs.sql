@@ -158,8 +158,14 @@ BEGIN
         END IF;
         -- POOL CHECK: before a token is issued (the lease row carries the
         -- job's pool; a job in none pays one test)
-        IF v_lease.pool IS NOT NULL AND NOT ledger._pool_admits(job, v_lease.pool) THEN
-            RETURN ledger._pool_full(job, slot);
+        IF v_lease.pool IS NOT NULL THEN
+            IF NOT ledger._pool_admits(job, v_lease.pool) THEN
+                RETURN ledger._pool_full(job, slot);
+            END IF;
+            -- dated after the admission, so the log shows no more runs of
+            -- the pool at once than it admitted (the place it took was
+            -- freed by a run whose end committed before the count)
+            v_now := ledger._now();
         END IF;
         -- The same owner still holds it: the new token wins.
         IF v_running.run_id IS NOT NULL THEN
@@ -180,12 +186,18 @@ BEGIN
          WHERE l.job = _start.job
         RETURNING * INTO v_lease;
     END IF;
-    -- A first lease row, made live by ledger._lock_lease, of a job in a
-    -- full pool: let go at once (its token is burnt, never reissued).
-    IF v_state = 'created' AND v_lease.pool IS NOT NULL AND NOT ledger._pool_admits(job, v_lease.pool) THEN
-        UPDATE ledger.leases l SET expires_at = l.acquired_at, released_at = l.acquired_at WHERE l.job = _start.job;
-        PERFORM ledger._set_state(job, 'leased');
-        RETURN ledger._pool_full(job, slot);
+    -- A first lease row, made by ledger._lock_lease in this transaction, of
+    -- a job in a full pool: removed again (its token was never handed out,
+    -- and no run, fence or other transaction has seen it).
+    IF v_state = 'created' AND v_lease.pool IS NOT NULL THEN
+        IF NOT ledger._pool_admits(job, v_lease.pool) THEN
+            DELETE FROM ledger.leases l WHERE l.job = _start.job;
+            RETURN ledger._pool_full(job, slot);
+        END IF;
+        v_now := ledger._now();  -- dated after the admission, as below
+        UPDATE ledger.leases l SET acquired_at = v_now, expires_at = v_now + _start.ttl
+         WHERE l.job = _start.job
+        RETURNING * INTO v_lease;
     END IF;
     -- 'created' (a job with no lease row has no runs: nothing to check) or
     -- taken just now: log the running run, and the job's 'started'

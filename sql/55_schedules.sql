@@ -185,7 +185,6 @@ DECLARE
     v_job   ledger.jobs;
     v_ahead timestamptz;  -- the newest slot done
     v_new   boolean;
-    v_lease ledger.leases;
 BEGIN
     PERFORM ledger._check_label(job, 'job');
     -- a pool's name, or '' for none (NULL keeps the job's)
@@ -223,7 +222,7 @@ BEGIN
     -- registration as it is, locked (a first one: created, then locked). FOR NO KEY UPDATE, as the UPDATE below would: a
     -- start's foreign key checks (FOR KEY SHARE) on this row must never wait
     -- on a registration.
-    v_lease := ledger._lock_registration(register_job.job);
+    PERFORM ledger._lock_registration(register_job.job);
     SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR NO KEY UPDATE;
     v_new := NOT FOUND;
     IF v_new THEN

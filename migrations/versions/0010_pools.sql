@@ -1,0 +1,1487 @@
+-- 0010: pools (drafted by tools/draft_revision.py from sql/)
+
+-- By hand: the locks, each waited for (at most the migration's 2 s lock_timeout), in 0005's order: the
+-- views that read the tables changed below first (a no-op ALTER takes each; a reader takes a view before
+-- its tables), then the tables as the writers take them, the lease rows first. A deadlock with a writer
+-- that took them in another order undoes this try whole, and it is tried again (ledger.migrate).
+ALTER VIEW ledger.alerts OWNER TO ledger_owner;
+ALTER VIEW ledger.job_health OWNER TO ledger_owner;
+ALTER VIEW ledger.ttl_advice OWNER TO ledger_owner;
+ALTER VIEW ledger.job_status OWNER TO ledger_owner;
+ALTER VIEW ledger.job_counters OWNER TO ledger_owner;
+ALTER VIEW ledger._job_state OWNER TO ledger_owner;
+LOCK TABLE ledger.leases IN SHARE ROW EXCLUSIVE MODE;
+LOCK TABLE ledger.jobs IN SHARE ROW EXCLUSIVE MODE;
+
+-- By hand: the tables first (functions below read the new columns, views select them). New columns
+-- have no default or a constant one: no rewrite; the new indexes cover no row yet (every pool column
+-- is NULL). Then the 13-argument register_job goes, so that the 14-argument one created below is the
+-- only one (with both, every call of before would be ambiguous: 42725).
+CREATE TABLE ledger.pools (
+    pool        ledger.label PRIMARY KEY,
+    size        integer     NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    admitted_at timestamptz,
+    CONSTRAINT pools_size_valid CHECK (size BETWEEN 1 AND 100000)
+);
+COMMENT ON TABLE ledger.pools IS 'Named limits shared by jobs: at most size live leases of the member jobs at once';
+ALTER TABLE ledger.pools OWNER TO ledger_owner;
+REVOKE ALL ON ledger.pools FROM PUBLIC;
+GRANT SELECT ON ledger.pools TO ledger_client, ledger_reader;
+ALTER TABLE ledger.jobs ADD COLUMN pool ledger.label REFERENCES ledger.pools (pool);
+ALTER TABLE ledger.leases ADD COLUMN pool ledger.label;
+CREATE INDEX leases_pool ON ledger.leases (pool) WHERE pool IS NOT NULL;
+ALTER TABLE ledger.counters
+    ADD COLUMN skipped_pool_full bigint NOT NULL DEFAULT 0,
+    ADD CONSTRAINT counters_pool_full_non_negative CHECK (skipped_pool_full >= 0);
+ALTER TABLE ledger.wakeups ADD COLUMN pool_wait ledger.label, ADD COLUMN waiting_since timestamptz;
+CREATE INDEX wakeups_pool_wait ON ledger.wakeups (pool_wait) WHERE pool_wait IS NOT NULL;
+DROP FUNCTION ledger.register_job(text,text,interval,integer,text,interval,interval,interval,interval,integer,interval,interval,text);
+
+CREATE OR REPLACE FUNCTION ledger._max_pool_size()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$ SELECT 100000 $function$;
+
+ALTER FUNCTION ledger._max_pool_size() OWNER TO ledger_owner;
+
+REVOKE ALL ON FUNCTION ledger._max_pool_size() FROM PUBLIC;
+
+COMMENT ON FUNCTION ledger._max_pool_size() IS NULL;
+
+GRANT EXECUTE ON FUNCTION ledger._max_pool_size() TO ledger_client;
+
+GRANT EXECUTE ON FUNCTION ledger._max_pool_size() TO ledger_reader;
+
+CREATE OR REPLACE FUNCTION ledger._lock_lease(job text, owner text, ttl interval, timeline integer, OUT lease ledger.leases, OUT state text)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_wait text := current_setting('lock_timeout');
+BEGIN
+    -- Wait for the other transaction, within the bound. The block is a
+    -- subtransaction, paid only here.
+    BEGIN
+        PERFORM set_config('lock_timeout', ledger._lock_wait(), true);
+        FOR attempt IN 1 .. 3 LOOP
+            -- Re-checked once the holder let go (READ COMMITTED): a row that
+            -- another owner now holds live is not locked, and is a skip.
+            SELECT * INTO lease FROM ledger.leases l
+             WHERE l.job = _lock_lease.job
+               AND (l.released_at IS NOT NULL OR l.expires_at <= ledger._now() OR l.owner = _lock_lease.owner)
+               FOR UPDATE;
+            IF FOUND THEN
+                state := 'locked';
+                EXIT;
+            END IF;
+            SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job;
+            IF FOUND THEN
+                IF lease.released_at IS NULL AND lease.expires_at > ledger._now()
+                   AND lease.owner <> _lock_lease.owner THEN
+                    state := 'held';
+                    EXIT;
+                END IF;
+                CONTINUE;  -- changed in between: look again
+            END IF;
+            PERFORM ledger._lock_lease_to_be(_lock_lease.job);
+            -- the job's pool copied onto its first lease row, under the lock
+            -- that stands for that row (register_job writes both under it)
+            INSERT INTO ledger.leases (job, owner, token, ttl, acquired_at, expires_at, timeline, pool)
+            SELECT _lock_lease.job, _lock_lease.owner, ledger._next_token(NULL, NULL, timeline),
+                   ttl, now_.at, now_.at + ttl, timeline,
+                   (SELECT j.pool FROM ledger.jobs j WHERE j.job = _lock_lease.job)
+              FROM (SELECT ledger._now() AS at) now_
+            ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
+            RETURNING * INTO lease;
+            IF FOUND THEN
+                state := 'created';
+                EXIT;
+            END IF;
+        END LOOP;
+        PERFORM set_config('lock_timeout', v_wait, true);
+    EXCEPTION WHEN lock_not_available THEN
+        -- The subtransaction's rollback restored lock_timeout.
+        SELECT * INTO lease FROM ledger.leases l WHERE l.job = _lock_lease.job;
+        state := 'busy';
+    END;
+    IF state IS NULL THEN
+        state := 'busy';  -- three races lost in a row: answer as busy
+    END IF;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION ledger._set_state(job text, event text, run ledger.job_execution_log DEFAULT NULL::ledger.job_execution_log, slots bigint DEFAULT NULL::bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_job    ledger.jobs;
+    v_streak bigint;
+    v_counts boolean;  -- the run's end is a failure of the streak
+    v_next   timestamptz;  -- the due marks after the run's slot
+    v_down   timestamptz;
+BEGIN
+    IF event NOT IN ('leased', 'started', 'ended', 'lost', 'skipped_pool_full') THEN
+        PERFORM FROM ledger.leases l WHERE l.job = _set_state.job FOR UPDATE;
+    END IF;
+    CASE event
+    WHEN 'leased' THEN
+        INSERT INTO ledger.counters AS c (job) VALUES (_set_state.job)
+        ON CONFLICT ON CONSTRAINT counters_pkey DO NOTHING;
+    WHEN 'registration' THEN
+        SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = _set_state.job;
+        INSERT INTO ledger.counters AS c (job) VALUES (_set_state.job)
+        ON CONFLICT ON CONSTRAINT counters_pkey DO NOTHING;
+        UPDATE ledger.counters c SET (next_due, down_due) =
+               (SELECT m.next_due, m.down_due
+                  FROM ledger._due_marks(v_job.schedule_spec, v_job.time_zone,
+                                         coalesce(c.done_slot, v_job.created_at)) m)
+         WHERE c.job = _set_state.job;
+    WHEN 'started' THEN
+        -- The row is there but for a job's first start (no registration, no
+        -- lease before): an UPDATE, and the upsert only when it found none.
+        -- The upsert's ON CONFLICT DO UPDATE locks the row it conflicts with
+        -- before it updates it, a WAL record more on every start.
+        UPDATE ledger.counters c SET
+            runs_started       = c.runs_started + 1,
+            last_run_id        = CASE WHEN c.last_run_id IS NULL
+                                        OR (run.started_at, run.run_id) > (c.last_started_at, c.last_run_id)
+                                      THEN run.run_id ELSE c.last_run_id END,
+            last_status        = CASE WHEN c.last_run_id IS NULL
+                                        OR (run.started_at, run.run_id) > (c.last_started_at, c.last_run_id)
+                                      THEN 'running' ELSE c.last_status END,
+            last_completed_at  = CASE WHEN c.last_run_id IS NULL
+                                        OR (run.started_at, run.run_id) > (c.last_started_at, c.last_run_id)
+                                      THEN NULL ELSE c.last_completed_at END,
+            last_started_at    = CASE WHEN c.last_run_id IS NULL
+                                        OR (run.started_at, run.run_id) > (c.last_started_at, c.last_run_id)
+                                      THEN run.started_at ELSE c.last_started_at END,
+            running_run_id     = run.run_id,
+            running_token      = run.token,
+            running_started_at = run.started_at,
+            -- started before an earlier run ended: only a clock stepped back
+            -- can do that here (the start closed the previous run first)
+            overlap_run_id     = CASE WHEN run.started_at < c.latest_end THEN run.run_id
+                                      ELSE c.overlap_run_id END
+         WHERE c.job = run.job;
+        IF NOT FOUND THEN
+            INSERT INTO ledger.counters AS c (job, runs_started, last_run_id, last_status, last_started_at,
+                                              running_run_id, running_token, running_started_at)
+            VALUES (run.job, 1, run.run_id, 'running', run.started_at, run.run_id, run.token, run.started_at)
+            ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET
+                runs_started       = c.runs_started + 1,
+                last_run_id        = CASE WHEN c.last_run_id IS NULL
+                                            OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                          THEN excluded.last_run_id ELSE c.last_run_id END,
+                last_status        = CASE WHEN c.last_run_id IS NULL
+                                            OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                          THEN 'running' ELSE c.last_status END,
+                last_completed_at  = CASE WHEN c.last_run_id IS NULL
+                                            OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                          THEN NULL ELSE c.last_completed_at END,
+                last_started_at    = CASE WHEN c.last_run_id IS NULL
+                                            OR (excluded.last_started_at, excluded.last_run_id) > (c.last_started_at, c.last_run_id)
+                                          THEN excluded.last_started_at ELSE c.last_started_at END,
+                running_run_id     = excluded.running_run_id,
+                running_token      = excluded.running_token,
+                running_started_at = excluded.running_started_at,
+                -- started before an earlier run ended: only a clock stepped back
+                -- can do that here (the start closed the previous run first)
+                overlap_run_id     = CASE WHEN excluded.last_started_at < c.latest_end THEN excluded.running_run_id
+                                          ELSE c.overlap_run_id END;
+        END IF;
+    WHEN 'ended', 'lost' THEN
+        v_counts := run.status = 'failure' AND run.failure_reason <> 'cancelled';
+        -- A success of a slot: the due marks after it, the schedule evaluated
+        -- here, once, and never by a read (applied below if the slot is newer
+        -- than the newest done).
+        IF run.status = 'success' AND run.slot IS NOT NULL THEN
+            SELECT m.next_due, m.down_due INTO v_next, v_down
+              FROM ledger.jobs j, ledger._due_marks(j.schedule_spec, j.time_zone, run.slot) m
+             WHERE j.job = run.job AND j.schedule IS NOT NULL;
+        END IF;
+        -- Count once, note the run's end, and fold in the skips counted
+        -- since (those whose rows no skipper holds right now; the rest wait
+        -- for the next end).
+        WITH folded AS (
+            UPDATE ledger.skip_counts s SET skipped_overlap = 0
+              FROM (SELECT t.job, t.shard, t.skipped_overlap FROM ledger.skip_counts t
+                     WHERE t.job = run.job AND t.skipped_overlap > 0
+                       FOR UPDATE SKIP LOCKED) pending
+             WHERE s.job = pending.job AND s.shard = pending.shard
+            RETURNING pending.skipped_overlap
+        )
+        UPDATE ledger.counters c SET
+            successes               = c.successes + CASE WHEN run.status = 'success' THEN 1 ELSE 0 END,
+            failures                = c.failures + CASE WHEN run.status = 'success' THEN 0 ELSE 1 END,
+            leases_lost             = c.leases_lost + CASE WHEN event = 'lost' THEN 1 ELSE 0 END,
+            skipped_overlap         = c.skipped_overlap + coalesce((SELECT sum(f.skipped_overlap) FROM folded f), 0),
+            last_status             = CASE WHEN c.last_run_id = run.run_id THEN run.status ELSE c.last_status END,
+            last_completed_at       = CASE WHEN c.last_run_id = run.run_id THEN run.completed_at
+                                           ELSE c.last_completed_at END,
+            running_run_id          = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_run_id END,
+            running_token           = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_token END,
+            running_started_at      = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_started_at END,
+            last_success_started_at = CASE WHEN run.status = 'success'
+                                            AND run.started_at >= coalesce(c.last_success_started_at, '-infinity')
+                                           THEN run.started_at ELSE c.last_success_started_at END,
+            last_success_at         = CASE WHEN run.status = 'success'
+                                            AND run.started_at >= coalesce(c.last_success_started_at, '-infinity')
+                                           THEN run.completed_at ELSE c.last_success_at END,
+            done_slot               = CASE WHEN run.status = 'success' AND run.slot IS NOT NULL
+                                           THEN greatest(c.done_slot, run.slot) ELSE c.done_slot END,
+            -- a success that moves done_slot on moves the due marks on
+            next_due                = CASE WHEN v_next IS NOT NULL AND run.slot > coalesce(c.done_slot, '-infinity')
+                                           THEN v_next ELSE c.next_due END,
+            down_due                = CASE WHEN v_next IS NOT NULL AND run.slot > coalesce(c.done_slot, '-infinity')
+                                           THEN v_down ELSE c.down_due END,
+            longest_success         = CASE WHEN run.status = 'success'
+                                           THEN greatest(c.longest_success, run.completed_at - run.started_at)
+                                           ELSE c.longest_success END,
+            latest_end              = greatest(c.latest_end, run.completed_at),
+            -- failures that started after the last success: none after this
+            -- one; a cancel neither adds nor resets
+            consecutive_failures    = CASE
+                                          WHEN v_counts
+                                          THEN c.consecutive_failures
+                                               + CASE WHEN run.started_at > coalesce(c.last_success_started_at, '-infinity')
+                                                      THEN 1 ELSE 0 END
+                                          WHEN run.status = 'success'
+                                           AND run.started_at >= coalesce(c.last_success_started_at, '-infinity')
+                                          THEN 0
+                                          ELSE c.consecutive_failures END
+         WHERE c.job = run.job
+        RETURNING c.consecutive_failures INTO v_streak;
+        IF NOT FOUND THEN
+            -- A run written past the functions, with no state row yet: one
+            -- from the log, which has this end already.
+            INSERT INTO ledger.counters AS c (job, successes, failures, leases_lost)
+            VALUES (run.job, CASE WHEN run.status = 'success' THEN 1 ELSE 0 END,
+                    CASE WHEN run.status = 'success' THEN 0 ELSE 1 END, CASE WHEN event = 'lost' THEN 1 ELSE 0 END);
+            PERFORM ledger._set_state(run.job, 'recomputed');
+            SELECT c.consecutive_failures INTO v_streak FROM ledger.counters c WHERE c.job = run.job;
+        END IF;
+        -- A failure may pause the job (pause_after_failures): one more
+        -- statement on the failure path only, none on a success or a cancel.
+        IF v_counts THEN
+            PERFORM ledger._auto_pause(run.job, v_streak, run.completed_at);
+        END IF;
+    WHEN 'skipped_backfill' THEN
+        UPDATE ledger.counters c SET skipped_backfill = c.skipped_backfill + slots WHERE c.job = _set_state.job;
+    WHEN 'skipped_pool_full' THEN
+        -- a start the job's pool did not admit (its caller holds the lease
+        -- row, or the lock that stands for it)
+        INSERT INTO ledger.counters AS c (job, skipped_pool_full) VALUES (_set_state.job, 1)
+        ON CONFLICT ON CONSTRAINT counters_pkey DO UPDATE SET skipped_pool_full = c.skipped_pool_full + 1;
+    WHEN 'skipped_deadline' THEN
+        UPDATE ledger.counters c SET skipped_deadline = c.skipped_deadline + slots WHERE c.job = _set_state.job;
+    WHEN 'forgotten' THEN
+        DELETE FROM ledger.counters c WHERE c.job = _set_state.job;
+        DELETE FROM ledger.purged_state p WHERE p.job = _set_state.job;
+    WHEN 'recomputed' THEN
+        INSERT INTO ledger.counters AS c (job) VALUES (_set_state.job)
+        ON CONFLICT ON CONSTRAINT counters_pkey DO NOTHING;
+        UPDATE ledger.counters c SET
+            last_run_id = s.last_run_id, last_status = s.last_status, last_started_at = s.last_started_at,
+            last_completed_at = s.last_completed_at, last_success_started_at = s.last_success_started_at,
+            last_success_at = s.last_success_at, running_run_id = s.running_run_id,
+            running_token = s.running_token, running_started_at = s.running_started_at,
+            done_slot = s.done_slot, longest_success = s.longest_success,
+            consecutive_failures = s.consecutive_failures, next_due = s.next_due, down_due = s.down_due,
+            latest_end = s.latest_end, overlap_run_id = s.overlap_run_id
+          FROM ledger._state_from_log(ARRAY[_set_state.job]) s
+         WHERE c.job = _set_state.job;
+    ELSE
+        RAISE EXCEPTION 'ledger._set_state: unknown event %', event;
+    END CASE;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION ledger.acquire(job text, owner text, ttl interval DEFAULT NULL::interval)
+ RETURNS SETOF ledger.lease
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_ttl      interval := ttl;
+    v_timeline integer;
+    v_lease    ledger.leases;
+    v_state    text;
+    v_took     record;
+    v_now      timestamptz;
+BEGIN
+    IF job IS NULL OR owner IS NULL
+       OR NOT (char_length(job) BETWEEN 1 AND 200 AND ledger._is_visible_text(job)
+               AND char_length(owner) BETWEEN 1 AND 200 AND ledger._is_visible_text(owner)) THEN
+        PERFORM ledger._check_label(job, 'job');
+        PERFORM ledger._check_label(owner, 'owner');
+    END IF;
+    IF v_ttl IS NULL THEN
+        SELECT j.ttl INTO v_ttl FROM ledger.jobs j WHERE j.job = acquire.job;
+    END IF;
+    IF v_ttl IS NULL OR v_ttl <= interval '0' OR v_ttl > ledger._max_ttl()
+       OR date_trunc('month', v_ttl) <> interval '0' OR date_trunc('day', v_ttl) < interval '0'
+       OR v_ttl - date_trunc('day', v_ttl) < interval '0' THEN
+        v_ttl := ledger._resolve_ttl(job, v_ttl);  -- raises the documented 22023
+    ELSIF extract(day FROM v_ttl) <> 0 THEN
+        v_ttl := ledger._exact(v_ttl);
+    END IF;
+
+    -- Free, expired, released or already ours, and nobody else writing it:
+    -- locked at once. Another owner's live lease is not locked (the WHERE
+    -- fails first), and is read below without a lock.
+    SELECT * INTO v_lease FROM ledger.leases l
+     WHERE l.job = acquire.job
+       AND (l.released_at IS NOT NULL OR l.expires_at <= ledger._now() OR l.owner = acquire.owner)
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = acquire.job;
+        IF FOUND AND v_lease.released_at IS NULL AND v_lease.expires_at > ledger._now()
+           AND v_lease.owner <> owner THEN
+            RETURN;  -- held: no row, no lock, nothing written
+        END IF;
+        v_timeline := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer;
+        v_took := ledger._lock_lease(job, owner, v_ttl, v_timeline);
+        v_lease := v_took.lease;
+        v_state := v_took.state;
+        IF v_state = 'created' THEN
+            PERFORM ledger._set_state(job, 'leased');
+            -- a first lease row of a job in a full pool: removed again (its
+            -- token was never handed out, and no one else has seen the row)
+            IF v_lease.pool IS NOT NULL AND NOT ledger._pool_admits(job, v_lease.pool) THEN
+                DELETE FROM ledger.leases l WHERE l.job = acquire.job;
+                PERFORM ledger._set_state(job, 'skipped_pool_full');
+                RETURN;
+            END IF;
+            RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
+            RETURN;
+        ELSIF v_state <> 'locked' THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    -- POOL CHECK: before a token is issued (the lease row carries the
+    -- job's pool; a job in none pays one test). Not admitted: no row.
+    IF v_lease.pool IS NOT NULL AND NOT ledger._pool_admits(job, v_lease.pool) THEN
+        PERFORM ledger._set_state(job, 'skipped_pool_full');
+        RETURN;
+    END IF;
+    -- Locked, and free, expired or ours: take it with a new token. The
+    -- clock is read once the row is locked: a caller that waited for the
+    -- previous holder must not date its lease before that holder let go.
+    v_now := ledger._now();
+    v_timeline := coalesce(v_timeline,
+        ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer);
+    UPDATE ledger.leases l SET
+        owner       = acquire.owner,
+        -- ledger._next_token, inline
+        token       = CASE WHEN l.timeline = v_timeline THEN l.token + 1
+                           ELSE greatest(l.token + (1::bigint << 32), ((v_timeline - 1)::bigint << 32) + 1) END,
+        ttl         = v_ttl,
+        acquired_at = v_now,
+        expires_at  = v_now + v_ttl,
+        released_at = NULL,
+        timeline    = v_timeline
+     WHERE l.job = acquire.job
+    RETURNING * INTO v_lease;
+    -- A job that holds a lease is known (job_status lists it): its state row
+    -- exists, or exists from now on (after unregister_job with history). The
+    -- 'leased' transition only makes the row; a read under the lease row's
+    -- lock (no other writer of this job's row can run) saves the call when
+    -- the row is there, as it is for every job but a first or forgotten one.
+    IF NOT EXISTS (SELECT FROM ledger.counters c WHERE c.job = acquire.job) THEN
+        PERFORM ledger._set_state(job, 'leased');
+    END IF;
+    RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION ledger._check_pool_size(size integer)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    IF size IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument size must not be null';
+    END IF;
+    IF size < 1 OR size > ledger._max_pool_size() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument size must be from 1 to %s, not %s', ledger._max_pool_size(), size),
+            DETAIL = jsonb_build_object('argument', 'size', 'value', size, 'max', ledger._max_pool_size())::text;
+    END IF;
+END
+$function$;
+
+ALTER FUNCTION ledger._check_pool_size(integer) OWNER TO ledger_owner;
+
+REVOKE ALL ON FUNCTION ledger._check_pool_size(integer) FROM PUBLIC;
+
+COMMENT ON FUNCTION ledger._check_pool_size(integer) IS NULL;
+
+GRANT EXECUTE ON FUNCTION ledger._check_pool_size(integer) TO ledger_client;
+
+GRANT EXECUTE ON FUNCTION ledger._check_pool_size(integer) TO ledger_reader;
+
+CREATE OR REPLACE FUNCTION ledger._registered_pool(pool text, arg text DEFAULT 'pool'::text)
+ RETURNS ledger.pools
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_pool ledger.pools;
+BEGIN
+    SELECT * INTO v_pool FROM ledger.pools p WHERE p.pool = _registered_pool.pool;
+    IF NOT FOUND THEN
+        PERFORM ledger._raise('LD008', format('pool not found: %s (argument %s) was never registered', pool, arg),
+            jsonb_build_object('pool', pool, 'argument', arg));
+    END IF;
+    RETURN v_pool;
+END
+$function$;
+
+ALTER FUNCTION ledger._registered_pool(text,text) OWNER TO ledger_owner;
+
+REVOKE ALL ON FUNCTION ledger._registered_pool(text,text) FROM PUBLIC;
+
+COMMENT ON FUNCTION ledger._registered_pool(text,text) IS NULL;
+
+CREATE OR REPLACE FUNCTION ledger._pool_used(pool text, job text DEFAULT NULL::text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    RETURN (SELECT count(*) FROM ledger.leases l
+             WHERE l.pool = _pool_used.pool
+               AND l.job IS DISTINCT FROM _pool_used.job
+               AND l.released_at IS NULL AND l.expires_at > ledger._now());
+END
+$function$;
+
+ALTER FUNCTION ledger._pool_used(text,text) OWNER TO ledger_owner;
+
+REVOKE ALL ON FUNCTION ledger._pool_used(text,text) FROM PUBLIC;
+
+COMMENT ON FUNCTION ledger._pool_used(text,text) IS NULL;
+
+CREATE OR REPLACE FUNCTION ledger._pool_admits(job text, pool text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_size integer;
+    v_wait text;
+BEGIN
+    SELECT p.size INTO v_size FROM ledger.pools p WHERE p.pool = _pool_admits.pool
+       FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        -- Locked by another admission (or gone): wait within the bound. The
+        -- block is a subtransaction, paid only here.
+        v_wait := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', ledger._lock_wait(), true);
+            SELECT p.size INTO v_size FROM ledger.pools p WHERE p.pool = _pool_admits.pool FOR NO KEY UPDATE;
+            PERFORM set_config('lock_timeout', v_wait, true);
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN false;
+        END;
+        IF v_size IS NULL THEN
+            RETURN true;
+        END IF;
+    END IF;
+    -- A new statement: its snapshot sees every admission committed before
+    -- this one had the row.
+    IF ledger._pool_used(pool, job) >= v_size THEN
+        RETURN false;
+    END IF;
+    UPDATE ledger.pools p SET admitted_at = ledger._now() WHERE p.pool = _pool_admits.pool;
+    RETURN true;
+END
+$function$;
+
+ALTER FUNCTION ledger._pool_admits(text,text) OWNER TO ledger_owner;
+
+REVOKE ALL ON FUNCTION ledger._pool_admits(text,text) FROM PUBLIC;
+
+COMMENT ON FUNCTION ledger._pool_admits(text,text) IS NULL;
+
+CREATE OR REPLACE FUNCTION ledger._pool_full(job text, slot timestamp with time zone)
+ RETURNS ledger.run_start
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_result ledger.run_start;
+BEGIN
+    PERFORM ledger._set_state(job, 'skipped_pool_full');
+    v_result.outcome := 'skipped_pool_full';
+    v_result.slot := slot;
+    RETURN v_result;
+END
+$function$;
+
+ALTER FUNCTION ledger._pool_full(text,timestamp with time zone) OWNER TO ledger_owner;
+
+REVOKE ALL ON FUNCTION ledger._pool_full(text,timestamp with time zone) FROM PUBLIC;
+
+COMMENT ON FUNCTION ledger._pool_full(text,timestamp with time zone) IS NULL;
+
+CREATE OR REPLACE FUNCTION ledger._wake_pool(pool text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    UPDATE ledger.wakeups w SET at = least(w.at, w.waiting_since), pool_wait = NULL, waiting_since = NULL
+     WHERE w.pool_wait = _wake_pool.pool;
+    IF FOUND THEN
+        PERFORM pg_notify('ledger_scheduler', pool);
+    END IF;
+END
+$function$;
+
+ALTER FUNCTION ledger._wake_pool(text) OWNER TO ledger_owner;
+
+REVOKE ALL ON FUNCTION ledger._wake_pool(text) FROM PUBLIC;
+
+COMMENT ON FUNCTION ledger._wake_pool(text) IS NULL;
+
+CREATE OR REPLACE FUNCTION ledger.register_pool(pool text, size integer)
+ RETURNS ledger.pools
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_pool ledger.pools;
+BEGIN
+    PERFORM ledger._check_label(pool, 'pool');
+    PERFORM ledger._check_pool_size(size);
+    INSERT INTO ledger.pools AS p (pool, size, created_at, updated_at)
+    VALUES (register_pool.pool, register_pool.size, ledger._now(), ledger._now())
+    ON CONFLICT ON CONSTRAINT pools_pkey DO UPDATE
+       SET size = excluded.size,
+           updated_at = CASE WHEN p.size = excluded.size THEN p.updated_at ELSE excluded.updated_at END
+    RETURNING * INTO v_pool;
+    PERFORM ledger._wake_pool(pool);
+    RETURN v_pool;
+END
+$function$;
+
+ALTER FUNCTION ledger.register_pool(text,integer) OWNER TO ledger_owner;
+
+REVOKE ALL ON FUNCTION ledger.register_pool(text,integer) FROM PUBLIC;
+
+COMMENT ON FUNCTION ledger.register_pool(text,integer) IS 'Create a pool (a limit of live leases shared by its jobs) or change its size';
+
+GRANT EXECUTE ON FUNCTION ledger.register_pool(text,integer) TO ledger_client;
+
+CREATE OR REPLACE FUNCTION ledger.resize_pool(pool text, size integer)
+ RETURNS ledger.pools
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_pool ledger.pools;
+BEGIN
+    PERFORM ledger._check_label(pool, 'pool');
+    PERFORM ledger._check_pool_size(size);
+    PERFORM ledger._registered_pool(pool);
+    UPDATE ledger.pools p
+       SET size = resize_pool.size,
+           updated_at = CASE WHEN p.size = resize_pool.size THEN p.updated_at ELSE ledger._now() END
+     WHERE p.pool = resize_pool.pool
+    RETURNING * INTO v_pool;
+    PERFORM ledger._wake_pool(pool);
+    RETURN v_pool;
+END
+$function$;
+
+ALTER FUNCTION ledger.resize_pool(text,integer) OWNER TO ledger_owner;
+
+REVOKE ALL ON FUNCTION ledger.resize_pool(text,integer) FROM PUBLIC;
+
+COMMENT ON FUNCTION ledger.resize_pool(text,integer) IS 'Change the size of a registered pool (LD008 when unknown)';
+
+GRANT EXECUTE ON FUNCTION ledger.resize_pool(text,integer) TO ledger_client;
+
+CREATE OR REPLACE FUNCTION ledger.drop_pool(pool text, detach boolean DEFAULT false)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_jobs text[];
+    v_job  text;
+BEGIN
+    PERFORM ledger._check_label(pool, 'pool');
+    IF detach IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument detach must not be null';
+    END IF;
+    IF NOT EXISTS (SELECT FROM ledger.pools p WHERE p.pool = drop_pool.pool) THEN
+        RETURN false;
+    END IF;
+    SELECT array_agg(j.job ORDER BY j.job) INTO v_jobs FROM ledger.jobs j WHERE j.pool = drop_pool.pool;
+    IF v_jobs IS NOT NULL AND NOT detach THEN
+        RAISE EXCEPTION USING ERRCODE = '2BP01',
+            MESSAGE = format('argument pool names %s, which %s job(s) belong to (%s): move them out '
+                             '(register_job(..., pool => '''')) or drop it with detach => true',
+                             pool, cardinality(v_jobs), array_to_string(v_jobs[1:10], ', ')),
+            DETAIL = jsonb_build_object('argument', 'pool', 'pool', pool, 'jobs', to_jsonb(v_jobs))::text;
+    END IF;
+    FOREACH v_job IN ARRAY coalesce(v_jobs, ARRAY[]::text[]) LOOP
+        PERFORM ledger._lock_registration(v_job);
+        UPDATE ledger.leases l SET pool = NULL WHERE l.job = v_job AND l.pool = drop_pool.pool;
+        UPDATE ledger.jobs j SET pool = NULL, updated_at = ledger._now()
+         WHERE j.job = v_job AND j.pool = drop_pool.pool;
+    END LOOP;
+    -- A job that joined meanwhile (its registration committed after the
+    -- list was read) holds the delete back with its foreign key: 23503.
+    UPDATE ledger.wakeups w SET at = least(w.at, w.waiting_since), pool_wait = NULL, waiting_since = NULL
+     WHERE w.pool_wait = drop_pool.pool;
+    DELETE FROM ledger.pools p WHERE p.pool = drop_pool.pool;
+    PERFORM pg_notify('ledger_scheduler', pool);
+    RETURN true;
+END
+$function$;
+
+ALTER FUNCTION ledger.drop_pool(text,boolean) OWNER TO ledger_owner;
+
+REVOKE ALL ON FUNCTION ledger.drop_pool(text,boolean) FROM PUBLIC;
+
+COMMENT ON FUNCTION ledger.drop_pool(text,boolean) IS 'Drop a pool: refused (2BP01) while jobs belong to it, unless detach takes them out';
+
+GRANT EXECUTE ON FUNCTION ledger.drop_pool(text,boolean) TO ledger_client;
+
+CREATE OR REPLACE FUNCTION ledger._start(job text, owner text, ttl interval, slot timestamp with time zone, idempotency_key text, detail jsonb)
+ RETURNS ledger.run_start
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_now      timestamptz;
+    v_timeline integer;
+    v_lease    ledger.leases;
+    v_state    text := 'locked';
+    v_took     record;
+    v_running  ledger.job_execution_log;
+    v_result   ledger.run_start;
+BEGIN
+    v_result.slot := slot;
+    SELECT * INTO v_lease FROM ledger.leases l
+     WHERE l.job = _start.job
+       AND (l.released_at IS NOT NULL OR l.expires_at <= ledger._now() OR l.owner = _start.owner)
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = _start.job;
+        IF FOUND AND v_lease.released_at IS NULL AND v_lease.expires_at > ledger._now()
+           AND v_lease.owner <> owner THEN
+            v_state := 'held';
+        ELSE
+            v_timeline := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer;
+            v_took := ledger._lock_lease(job, owner, ttl, v_timeline);
+            v_lease := v_took.lease;
+            v_state := v_took.state;
+        END IF;
+    END IF;
+
+    IF v_state IN ('held', 'busy') THEN
+        -- That slot or key already succeeded or is running (wins over overlap).
+        IF (slot IS NOT NULL OR idempotency_key IS NOT NULL)
+           AND ledger._already_done(job, slot, idempotency_key) THEN
+            v_result.outcome := 'already_done';
+            RETURN v_result;
+        END IF;
+        -- Another owner's live lease (or a row another transaction holds
+        -- past the lock bound): a normal skip, counted apart from failures,
+        -- without a WAL flush.
+        UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + 1
+          FROM (SELECT t.job, t.shard FROM ledger.skip_counts t
+                 WHERE t.job = _start.job AND t.shard = pg_backend_pid() % 16
+                   FOR UPDATE SKIP LOCKED) free_
+         WHERE s.job = free_.job AND s.shard = free_.shard;
+        IF NOT FOUND THEN
+            PERFORM ledger._count_skip(job, wait => CASE v_state WHEN 'held' THEN ledger._lock_wait() ELSE '10ms' END);
+        END IF;
+        v_result.outcome := 'skipped_overlap';
+        v_result.holder := v_lease.owner;
+        v_result.holder_expires_at := v_lease.expires_at;
+        RETURN v_result;
+    END IF;
+
+    IF v_state = 'locked' THEN
+        -- Read the clock once locked: a start that waited for the previous
+        -- run to end must not date itself before that end.
+        v_now := ledger._now();
+        -- The previous run, still running while its lease expired, ended
+        -- or went to another token? Its runner is gone or a zombie: close
+        -- it (counted once, in ledger._close_lost).
+        SELECT * INTO v_running FROM ledger.job_execution_log r
+         WHERE r.job = _start.job AND r.status = 'running';
+        IF FOUND AND (v_lease.token <> v_running.token
+                      OR v_lease.released_at IS NOT NULL
+                      OR v_lease.expires_at <= v_now) THEN
+            PERFORM ledger._close_lost(v_running,
+                CASE WHEN v_lease.token <> v_running.token THEN 'superseded' ELSE 'lease_expired' END, v_now);
+            v_running := NULL;
+        END IF;
+        IF (slot IS NOT NULL OR idempotency_key IS NOT NULL)
+           AND ledger._already_done(job, slot, idempotency_key) THEN
+            v_result.outcome := 'already_done';
+            RETURN v_result;
+        END IF;
+        -- POOL CHECK: before a token is issued (the lease row carries the
+        -- job's pool; a job in none pays one test)
+        IF v_lease.pool IS NOT NULL THEN
+            IF NOT ledger._pool_admits(job, v_lease.pool) THEN
+                RETURN ledger._pool_full(job, slot);
+            END IF;
+            -- dated after the admission, so the log shows no more runs of
+            -- the pool at once than it admitted (the place it took was
+            -- freed by a run whose end committed before the count)
+            v_now := ledger._now();
+        END IF;
+        -- The same owner still holds it: the new token wins.
+        IF v_running.run_id IS NOT NULL THEN
+            PERFORM ledger._close_lost(v_running, 'superseded', v_now);
+        END IF;
+        v_timeline := coalesce(v_timeline,
+            ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer);
+        UPDATE ledger.leases l SET
+            owner       = _start.owner,
+            -- ledger._next_token, inline
+            token       = CASE WHEN l.timeline = v_timeline THEN l.token + 1
+                               ELSE greatest(l.token + (1::bigint << 32), ((v_timeline - 1)::bigint << 32) + 1) END,
+            ttl         = _start.ttl,
+            acquired_at = v_now,
+            expires_at  = v_now + _start.ttl,
+            released_at = NULL,
+            timeline    = v_timeline
+         WHERE l.job = _start.job
+        RETURNING * INTO v_lease;
+    END IF;
+    -- A first lease row, made by ledger._lock_lease in this transaction, of
+    -- a job in a full pool: removed again (its token was never handed out,
+    -- and no run, fence or other transaction has seen it).
+    IF v_state = 'created' AND v_lease.pool IS NOT NULL THEN
+        IF NOT ledger._pool_admits(job, v_lease.pool) THEN
+            DELETE FROM ledger.leases l WHERE l.job = _start.job;
+            RETURN ledger._pool_full(job, slot);
+        END IF;
+        v_now := ledger._now();  -- dated after the admission, as below
+        UPDATE ledger.leases l SET acquired_at = v_now, expires_at = v_now + _start.ttl
+         WHERE l.job = _start.job
+        RETURNING * INTO v_lease;
+    END IF;
+    -- 'created' (a job with no lease row has no runs: nothing to check) or
+    -- taken just now: log the running run, and the job's 'started'
+    -- transition counts it and notes it as the job's last and running run.
+    INSERT INTO ledger.job_execution_log
+        (job, owner, token, slot, idempotency_key, status, started_at, heartbeat_at, detail)
+    VALUES (v_lease.job, v_lease.owner, v_lease.token, _start.slot, _start.idempotency_key,
+            'running', v_lease.acquired_at, v_lease.acquired_at, _start.detail)
+    RETURNING * INTO v_running;
+    PERFORM ledger._set_state(v_lease.job, 'started', v_running);
+    v_result.run_id := v_running.run_id;
+    v_result.outcome := 'started';
+    v_result.token := v_lease.token;
+    v_result.expires_at := v_lease.expires_at;
+    RETURN v_result;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION ledger.register_job(job text, schedule text DEFAULT NULL::text, ttl interval DEFAULT NULL::interval, max_backfill integer DEFAULT NULL::integer, time_zone text DEFAULT NULL::text, late_after interval DEFAULT NULL::interval, down_after interval DEFAULT NULL::interval, min_runtime interval DEFAULT NULL::interval, max_runtime interval DEFAULT NULL::interval, pause_after_failures integer DEFAULT NULL::integer, jitter interval DEFAULT NULL::interval, start_deadline interval DEFAULT NULL::interval, overlap_policy text DEFAULT NULL::text, pool text DEFAULT NULL::text)
+ RETURNS ledger.jobs
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_spec  ledger.schedule_spec;
+    v_old   ledger.jobs;
+    v_job   ledger.jobs;
+    v_ahead timestamptz;  -- the newest slot done
+    v_new   boolean;
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    -- a pool's name, or '' for none (NULL keeps the job's)
+    IF pool <> '' THEN
+        PERFORM ledger._check_label(pool, 'pool');
+    END IF;
+    IF max_backfill < 1 OR max_backfill > ledger._max_backfill() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument max_backfill must be from 1 to %s', ledger._max_backfill()),
+            DETAIL = jsonb_build_object('argument', 'max_backfill', 'value', max_backfill,
+                                        'max', ledger._max_backfill())::text;
+    END IF;
+    PERFORM ledger._check_ttl(ttl);
+    IF time_zone IS NOT NULL THEN
+        PERFORM ledger._check_time_zone(time_zone);
+    END IF;
+    PERFORM ledger._check_health_bound(late_after, 'late_after');
+    PERFORM ledger._check_health_bound(down_after, 'down_after');
+    PERFORM ledger._check_health_bound(min_runtime, 'min_runtime');
+    PERFORM ledger._check_health_bound(max_runtime, 'max_runtime');
+    IF pause_after_failures < 0 OR pause_after_failures > ledger._max_pause_after_failures() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument pause_after_failures must be from 0 (never) to %s',
+                             ledger._max_pause_after_failures()),
+            DETAIL = jsonb_build_object('argument', 'pause_after_failures', 'value', pause_after_failures,
+                                        'max', ledger._max_pause_after_failures())::text;
+    END IF;
+    PERFORM ledger._check_health_bound(start_deadline, 'start_deadline');
+    PERFORM ledger._check_overlap_policy(overlap_policy);
+    -- jitter's bounds without the schedule first (its gap is checked below)
+    PERFORM ledger._check_jitter(jitter, NULL, NULL, NULL);
+
+    -- The per-job order every writer follows: the lease row first (when the
+    -- job has none: the registration, ledger._lock_registration), then the
+    -- registration as it is, locked (a first one: created, then locked). FOR NO KEY UPDATE, as the UPDATE below would: a
+    -- start's foreign key checks (FOR KEY SHARE) on this row must never wait
+    -- on a registration.
+    PERFORM ledger._lock_registration(register_job.job);
+    SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR NO KEY UPDATE;
+    v_new := NOT FOUND;
+    IF v_new THEN
+        INSERT INTO ledger.jobs AS j (job) VALUES (register_job.job)
+        ON CONFLICT ON CONSTRAINT jobs_pkey DO NOTHING;
+        SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR NO KEY UPDATE;
+    END IF;
+    v_job := v_old;
+    v_job.schedule := coalesce(register_job.schedule, v_old.schedule);
+    v_job.time_zone := coalesce(register_job.time_zone, v_old.time_zone);
+    v_job.ttl := coalesce(ledger._exact(register_job.ttl), v_old.ttl);
+    v_job.max_backfill := coalesce(register_job.max_backfill, v_old.max_backfill);
+    v_job.late_after := CASE WHEN register_job.late_after IS NULL THEN v_old.late_after
+                             ELSE nullif(ledger._exact(register_job.late_after), interval '0') END;
+    v_job.down_after := CASE WHEN register_job.down_after IS NULL THEN v_old.down_after
+                             ELSE nullif(ledger._exact(register_job.down_after), interval '0') END;
+    v_job.min_runtime := CASE WHEN register_job.min_runtime IS NULL THEN v_old.min_runtime
+                              ELSE nullif(ledger._exact(register_job.min_runtime), interval '0') END;
+    v_job.max_runtime := CASE WHEN register_job.max_runtime IS NULL THEN v_old.max_runtime
+                              ELSE nullif(ledger._exact(register_job.max_runtime), interval '0') END;
+    v_job.pause_after_failures := CASE WHEN register_job.pause_after_failures IS NULL THEN v_old.pause_after_failures
+                                       ELSE nullif(register_job.pause_after_failures, 0) END;
+    v_job.jitter := CASE WHEN register_job.jitter IS NULL THEN v_old.jitter
+                         ELSE nullif(ledger._exact(register_job.jitter), interval '0') END;
+    v_job.start_deadline := CASE WHEN register_job.start_deadline IS NULL THEN v_old.start_deadline
+                                 ELSE nullif(ledger._exact(register_job.start_deadline), interval '0') END;
+    v_job.overlap_policy := coalesce(register_job.overlap_policy, v_old.overlap_policy);
+    v_job.pool := CASE WHEN register_job.pool IS NULL THEN v_old.pool ELSE nullif(register_job.pool, '') END;
+    IF v_job.pool IS DISTINCT FROM v_old.pool AND v_job.pool IS NOT NULL THEN
+        PERFORM ledger._registered_pool(v_job.pool);  -- LD008 (the row's foreign key holds it from here)
+    END IF;
+    IF v_job.schedule IS NOT NULL THEN
+        -- parsed once, here: the spec depends on the schedule and the zone
+        v_spec := ledger._parse_schedule(v_job.schedule, v_job.time_zone);
+        -- the jitter, given or kept, stays under the schedule's gaps
+        IF v_job.jitter IS NOT NULL
+           AND (register_job.jitter IS NOT NULL OR register_job.schedule IS NOT NULL OR register_job.time_zone IS NOT NULL) THEN
+            PERFORM ledger._check_jitter(v_job.jitter, v_spec, v_job.time_zone, ledger._now());
+        END IF;
+    END IF;
+    IF register_job.schedule IS NOT NULL THEN
+        -- An unscheduled job takes any slot, also one years ahead. Catch-up
+        -- starts after the newest slot done (ledger._newest_done_slot, and
+        -- ledger.purged_slots answers already_done up to its mark), so a
+        -- schedule given now would have nothing due until that slot passed:
+        -- the job would fall silent without an alert. Refuse it instead.
+        v_ahead := greatest(
+            (SELECT max(r.slot) FROM ledger.job_execution_log r
+              WHERE r.job = register_job.job AND r.status IN ('running', 'success')),
+            (SELECT p.done_through FROM ledger.purged_slots p WHERE p.job = register_job.job));
+        IF v_ahead > ledger._now() THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('argument schedule cannot be given to job %s: its slot %s succeeded or is running, '
+                                 'and is in the future, so no slot would be due before it; register the schedule '
+                                 'once that slot has passed, or under another job name', job, v_ahead),
+                DETAIL = jsonb_build_object('argument', 'schedule', 'job', job, 'value', schedule,
+                                            'slot', v_ahead, 'now', ledger._now())::text;
+        END IF;
+    END IF;
+
+    UPDATE ledger.jobs j SET
+        schedule             = v_job.schedule,
+        time_zone            = v_job.time_zone,
+        ttl                  = v_job.ttl,
+        max_backfill         = v_job.max_backfill,
+        schedule_spec        = v_spec,
+        late_after           = v_job.late_after,
+        down_after           = v_job.down_after,
+        min_runtime          = v_job.min_runtime,
+        max_runtime          = v_job.max_runtime,
+        pause_after_failures = v_job.pause_after_failures,
+        jitter               = v_job.jitter,
+        start_deadline       = v_job.start_deadline,
+        overlap_policy       = v_job.overlap_policy,
+        pool                 = v_job.pool,
+        updated_at           = CASE WHEN v_new THEN j.updated_at ELSE ledger._now() END
+     WHERE j.job = register_job.job
+    RETURNING * INTO v_job;
+    IF v_job.pool IS DISTINCT FROM v_old.pool THEN
+        -- the copy on the lease row, under its lock (taken above)
+        UPDATE ledger.leases l SET pool = v_job.pool WHERE l.job = register_job.job;
+        IF v_old.pool IS NOT NULL THEN
+            PERFORM ledger._wake_pool(v_old.pool);  -- a place there may have freed
+        END IF;
+        UPDATE ledger.wakeups w SET at = least(w.at, w.waiting_since), pool_wait = NULL, waiting_since = NULL
+         WHERE w.job = register_job.job AND w.pool_wait IS NOT NULL;
+    END IF;
+    -- The job's state row: its due marks follow the schedule as it is now.
+    PERFORM ledger._set_state(register_job.job, 'registration');
+    PERFORM pg_notify('ledger_scheduler', register_job.job);
+    RETURN v_job;
+END
+$function$;
+
+ALTER FUNCTION ledger.register_job(text,text,interval,integer,text,interval,interval,interval,interval,integer,interval,interval,text,text) OWNER TO ledger_owner;
+
+REVOKE ALL ON FUNCTION ledger.register_job(text,text,interval,integer,text,interval,interval,interval,interval,integer,interval,interval,text,text) FROM PUBLIC;
+
+COMMENT ON FUNCTION ledger.register_job(text,text,interval,integer,text,interval,interval,interval,interval,integer,interval,interval,text,text) IS 'Register a job or change the options given: schedule, default ttl, catch-up bound, time zone, health bounds, jitter, start deadline, overlap policy, pool';
+
+GRANT EXECUTE ON FUNCTION ledger.register_job(text,text,interval,integer,text,interval,interval,interval,interval,integer,interval,interval,text,text) TO ledger_client;
+
+CREATE OR REPLACE FUNCTION ledger.unregister_job(job text, with_history boolean DEFAULT false)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_lease   ledger.leases;
+    v_running ledger.job_execution_log;
+    v_found   boolean;
+BEGIN
+    PERFORM ledger._check_label(job, 'job');
+    IF with_history IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'argument with_history must not be null';
+    END IF;
+    v_lease := ledger._lock_registration(unregister_job.job);
+    IF NOT EXISTS (SELECT FROM ledger.jobs j WHERE j.job = unregister_job.job)
+       AND (NOT with_history OR v_lease.job IS NULL) THEN
+        PERFORM ledger._raise('LD005', format('job not found: %s was never registered', job),
+            jsonb_build_object('job', job));
+    END IF;
+    SELECT * INTO v_running FROM ledger.job_execution_log r
+     WHERE r.job = unregister_job.job AND r.status = 'running';
+    IF FOUND AND v_lease.token = v_running.token AND v_lease.released_at IS NULL
+       AND v_lease.expires_at > ledger._now() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument job names %s, whose run %s is live: cancel it (ledger.request_cancel) or '
+                             'force-release its lease (ledger.force_release) first', job, v_running.run_id),
+            DETAIL = jsonb_build_object('argument', 'job', 'job', job, 'run_id', v_running.run_id,
+                                        'owner', v_running.owner)::text;
+    END IF;
+    -- out of its pool first: the lease row (kept) counts against none
+    UPDATE ledger.leases l SET pool = NULL WHERE l.job = unregister_job.job AND l.pool IS NOT NULL;
+    DELETE FROM ledger.jobs j WHERE j.job = unregister_job.job;  -- skipped_slots cascade
+    v_found := FOUND;
+    IF with_history THEN
+        DELETE FROM ledger.job_execution_log r WHERE r.job = unregister_job.job;
+        DELETE FROM ledger.skip_counts s WHERE s.job = unregister_job.job;
+        DELETE FROM ledger.purged_slots p WHERE p.job = unregister_job.job;
+        DELETE FROM ledger.purged_keys k WHERE k.job = unregister_job.job;
+        -- The state row goes with the log it was kept from: the job is no
+        -- longer known (job_status, job_health and alerts list no ghost),
+        -- though its lease row stays.
+        PERFORM ledger._set_state(unregister_job.job, 'forgotten');
+        v_found := true;
+    ELSIF v_lease.job IS NULL THEN
+        -- It never took a lease, so it has no runs: nothing is left of it.
+        PERFORM ledger._set_state(unregister_job.job, 'forgotten');
+    ELSE
+        -- Known still, by its lease and runs: no schedule, so no slot is due.
+        PERFORM ledger._set_state(unregister_job.job, 'registration');
+    END IF;
+    RETURN v_found;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION ledger._wake_job()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_now timestamptz := ledger._now();
+BEGIN
+    IF TG_TABLE_NAME = 'leases' THEN
+        UPDATE ledger.wakeups w SET at = v_now
+          FROM ledger.jobs j
+         WHERE w.job = NEW.job AND j.job = NEW.job AND (w.at IS NULL OR w.at > v_now)
+           AND (j.schedule IS NOT NULL
+                OR EXISTS (SELECT FROM ledger.triggers t WHERE t.job = NEW.job AND t.status = 'pending'));
+        -- a place in the job's pool freed: the jobs waiting for one
+        IF NEW.pool IS NOT NULL THEN
+            PERFORM ledger._wake_pool(NEW.pool);
+        END IF;
+    ELSE
+        INSERT INTO ledger.wakeups AS w (job, at) VALUES (NEW.job, v_now)
+        ON CONFLICT (job) DO UPDATE SET at = excluded.at WHERE w.at IS NULL OR w.at > excluded.at;
+    END IF;
+    RETURN NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION ledger.next_start(jobs text[] DEFAULT NULL::text[])
+ RETURNS timestamp with time zone
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_mark record;
+    v_at   timestamptz;
+    v_best timestamptz;
+BEGIN
+    PERFORM ledger._check_jobs(jobs, false);
+    -- The marks, earliest first: each is at or before its job's next start,
+    -- so once a mark is not before the best start found, none after it is.
+    -- Mostly one job's start computed; more while marks are behind (jobs
+    -- due, or not yet visited since a change).
+    -- EXECUTE: planned with the list as a constant, so that membership is
+    -- a hash probe, not a walk of the array per mark.
+    FOR v_mark IN EXECUTE
+        'SELECT w.job, w.at, w.pool_wait FROM ledger.wakeups w
+          WHERE w.at IS NOT NULL AND ($1 IS NULL OR w.job = ANY ($1))
+          ORDER BY w.at, w.job' USING jobs
+    LOOP
+        EXIT WHEN v_mark.at >= v_best;
+        -- A job waiting a place in its pool: its mark is when one frees at
+        -- the latest (an end in the pool moves it back sooner).
+        v_at := CASE WHEN v_mark.pool_wait IS NOT NULL THEN v_mark.at ELSE ledger._next_start_of(v_mark.job) END;
+        IF v_at < v_best OR v_best IS NULL THEN
+            v_best := v_at;
+        END IF;
+    END LOOP;
+    RETURN v_best;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION ledger.start_due_runs(jobs text[], owner text, max_runs integer DEFAULT NULL::integer, ttl interval DEFAULT NULL::interval)
+ RETURNS TABLE(job text, outcome text, run_id bigint, token bigint, expires_at timestamp with time zone, slot timestamp with time zone, trigger_id bigint)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_name    text;
+    v_job     ledger.jobs;
+    v_ttl     interval;
+    v_started integer := 0;
+    v_result  record;
+    v_at      timestamptz;
+BEGIN
+    PERFORM ledger._check_jobs(jobs, true);
+    PERFORM ledger._check_label(owner, 'owner');
+    PERFORM ledger._check_ttl(ttl);
+    IF max_runs < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument max_runs must be positive (or null: no cap), not %s', max_runs),
+            DETAIL = jsonb_build_object('argument', 'max_runs', 'value', max_runs)::text;
+    END IF;
+    -- The jobs whose wakeup mark has passed (an index range: not every job
+    -- served), earliest first; each taken SKIP LOCKED, so that concurrent
+    -- schedulers split them and never wait. Under the job's lease row and
+    -- its mark (a trigger or an end meanwhile waits, then moves the mark
+    -- back), its next start is computed, what is due started, and the mark
+    -- set to the next start after that.
+    -- (EXECUTE: the list planned as a constant, a hash probe per mark; the
+    -- loop's own statements keep their cached plans.)
+    FOR v_name IN EXECUTE
+        'SELECT w.job FROM ledger.wakeups w
+          WHERE w.at <= ledger._now() AND w.job = ANY ($1)
+          ORDER BY w.at, w.job' USING jobs
+    LOOP
+        EXIT WHEN v_started >= max_runs;
+        CONTINUE WHEN NOT ledger._lock_job(v_name, false);
+        PERFORM FROM ledger.wakeups w WHERE w.job = v_name FOR UPDATE;
+        SELECT * INTO v_job FROM ledger.jobs j WHERE j.job = v_name;
+        CONTINUE WHEN NOT FOUND;  -- unregistered meanwhile
+        v_at := ledger._next_start_of(v_name);
+        IF v_at IS NULL OR v_at > ledger._now() THEN
+            UPDATE ledger.wakeups w SET at = v_at WHERE w.job = v_name;  -- nothing due yet
+            CONTINUE;
+        END IF;
+        v_ttl := coalesce(ledger._exact(start_due_runs.ttl), v_job.ttl);
+        IF v_ttl IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('argument ttl is required: job %s has no registered ttl', v_name),
+                DETAIL = jsonb_build_object('argument', 'ttl', 'job', v_name)::text;
+        END IF;
+        v_result := ledger._start_scheduled(v_job, owner, v_ttl, true);
+        IF (v_result.start).outcome = 'skipped_pool_full' THEN
+            -- The pool is full: the job waits a place, its due mark kept
+            -- (it orders the waiting: the oldest waits least), looked at
+            -- again when an end in the pool wakes it (ledger._wake_pool),
+            -- or when the pool's earliest live lease expires, or after 10 s
+            -- at most (a pool row held past the lock bound).
+            UPDATE ledger.wakeups w
+               SET pool_wait = v_job.pool,
+                   waiting_since = coalesce(w.waiting_since, w.at),
+                   at = least(ledger._now() + interval '10 seconds',
+                              (SELECT min(l.expires_at) FROM ledger.leases l
+                                WHERE l.pool = v_job.pool AND l.released_at IS NULL AND l.expires_at > ledger._now()))
+             WHERE w.job = v_name;
+            CONTINUE;
+        END IF;
+        -- started, and not under replace: nothing starts before the lease
+        -- ends (_next_start_of's answer, without asking it)
+        UPDATE ledger.wakeups w SET at = CASE WHEN (v_result.start).outcome = 'started' AND v_job.overlap_policy <> 'replace'
+                                              THEN (v_result.start).expires_at
+                                              ELSE ledger._next_start_of(v_name) END,
+                                    pool_wait = NULL, waiting_since = NULL
+         WHERE w.job = v_name;
+        IF (v_result.start).outcome = 'started' THEN
+            v_started := v_started + 1;
+            job := v_name;
+            outcome := 'started';
+            run_id := (v_result.start).run_id;
+            token := (v_result.start).token;
+            expires_at := (v_result.start).expires_at;
+            slot := (v_result.start).slot;
+            trigger_id := v_result.trigger_id;
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION ledger._definition_keys()
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ IMMUTABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    RETURN '{"schedule": null, "ttl": null, "max_backfill": 1, "time_zone": "UTC", "late_after": "0",
+             "down_after": "0", "min_runtime": "0", "max_runtime": "0", "pause_after_failures": 0,
+             "jitter": "0", "start_deadline": "0", "overlap_policy": "catch_up", "pool": ""}'::jsonb;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION ledger._apply_definition(job text, definition jsonb)
+ RETURNS ledger.jobs
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_def   jsonb := ledger._definition_keys() || jsonb_strip_nulls(definition);
+    v_key   text := 'schedule';
+    v_state text;
+    v_msg   text;
+    v_detail text;
+    v_arg   text;
+    v_s     text;
+    v_tz    text;
+    v_ttl   interval;
+    v_mb    integer;
+    v_la    interval;
+    v_da    interval;
+    v_mi    interval;
+    v_ma    interval;
+    v_paf   integer;
+    v_ji    interval;
+    v_sd    interval;
+    v_op    text;
+    v_pool  text;
+BEGIN
+    BEGIN
+        FOR v_key IN SELECT k FROM jsonb_object_keys(v_def) k ORDER BY 1 LOOP
+            IF jsonb_typeof(v_def -> v_key) NOT IN ('string', 'number', 'null') THEN
+                RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('must be a string or a number, not %s',
+                                                                          jsonb_typeof(v_def -> v_key));
+            END IF;
+        END LOOP;
+        v_key := 'schedule';       v_s := v_def ->> 'schedule';
+        v_key := 'time_zone';      v_tz := v_def ->> 'time_zone';
+        v_key := 'ttl';            v_ttl := (v_def ->> 'ttl')::interval;
+        v_key := 'max_backfill';   v_mb := (v_def ->> 'max_backfill')::integer;
+        v_key := 'late_after';     v_la := (v_def ->> 'late_after')::interval;
+        v_key := 'down_after';     v_da := (v_def ->> 'down_after')::interval;
+        v_key := 'min_runtime';    v_mi := (v_def ->> 'min_runtime')::interval;
+        v_key := 'max_runtime';    v_ma := (v_def ->> 'max_runtime')::interval;
+        v_key := 'pause_after_failures'; v_paf := (v_def ->> 'pause_after_failures')::integer;
+        v_key := 'jitter';         v_ji := (v_def ->> 'jitter')::interval;
+        v_key := 'start_deadline'; v_sd := (v_def ->> 'start_deadline')::interval;
+        v_key := 'overlap_policy'; v_op := v_def ->> 'overlap_policy';
+        v_key := 'pool';           v_pool := v_def ->> 'pool';
+        v_key := NULL;
+        RETURN ledger.register_job(job => job, schedule => v_s, ttl => v_ttl, max_backfill => v_mb,
+                                   time_zone => v_tz, late_after => v_la, down_after => v_da, min_runtime => v_mi,
+                                   max_runtime => v_ma, pause_after_failures => v_paf, jitter => v_ji,
+                                   start_deadline => v_sd, overlap_policy => v_op, pool => v_pool);
+    EXCEPTION WHEN data_exception OR SQLSTATE 'LD005' OR SQLSTATE 'LD008' THEN
+        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT, v_detail = PG_EXCEPTION_DETAIL;
+        BEGIN
+            v_arg := (v_detail::jsonb) ->> 'argument';
+        EXCEPTION WHEN OTHERS THEN
+            v_arg := NULL;
+        END;
+        v_key := coalesce(v_key, v_arg, 'job');
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument definitions: job %s, key %s: %s', job, v_key, v_msg),
+            DETAIL = jsonb_build_object('argument', 'definitions', 'job', job, 'key', v_key, 'sqlstate', v_state,
+                                        'value', left(v_def ->> v_key, 200))::text;
+    END;
+END
+$function$;
+
+CREATE OR REPLACE VIEW ledger._job_state AS
+ SELECT c.job,
+    j.schedule,
+    j.time_zone,
+    j.max_backfill,
+    COALESCE(j.paused, false) AS paused,
+    j.paused_at,
+    j.pause_reason,
+    j.created_at,
+    j.down_after,
+    j.min_runtime,
+    j.max_runtime,
+    j.pause_after_failures,
+    COALESCE(j.ttl, l.ttl) AS ttl,
+        CASE
+            WHEN ((l.released_at IS NULL) AND (l.expires_at > n.at)) THEN (l.owner)::text
+            ELSE NULL::text
+        END AS holder,
+    l.token,
+    l.expires_at AS lease_expires_at,
+    c.last_run_id,
+    c.last_status,
+    c.last_started_at,
+    c.last_completed_at,
+    c.last_success_started_at,
+    c.last_success_at,
+    c.running_run_id,
+    c.running_started_at,
+    (n.at - c.running_started_at) AS running_for,
+    c.done_slot,
+    c.longest_success,
+    c.consecutive_failures,
+    c.next_due,
+    c.down_due,
+    c.latest_end,
+    c.overlap_run_id,
+    c.runs_started,
+    c.successes,
+    c.failures,
+    (c.skipped_overlap + (COALESCE(sk.pending, (0)::numeric))::bigint) AS skipped_overlap,
+    c.skipped_backfill,
+    c.leases_lost,
+    n.at,
+    s.live,
+    s.grace,
+    s.state,
+        CASE s.state
+            WHEN 'crashed'::text THEN
+            CASE
+                WHEN (l.token = c.running_token) THEN l.expires_at
+                ELSE l.acquired_at
+            END
+            WHEN 'overrun'::text THEN (c.running_started_at + j.max_runtime)
+            WHEN 'paused'::text THEN j.paused_at
+            WHEN 'running'::text THEN c.running_started_at
+            WHEN 'down'::text THEN COALESCE(s.unserved_since, LEAST(
+            CASE
+                WHEN (c.down_due <= (n.at - s.grace)) THEN (c.down_due + s.grace)
+                ELSE NULL::timestamp with time zone
+            END,
+            CASE
+                WHEN ((n.at - COALESCE(c.last_success_at, j.created_at)) > j.down_after) THEN (COALESCE(c.last_success_at, j.created_at) + j.down_after)
+                ELSE NULL::timestamp with time zone
+            END))
+            WHEN 'late'::text THEN (c.next_due + s.grace)
+            WHEN 'failing'::text THEN COALESCE(c.last_success_at, j.created_at)
+            WHEN 'never_run'::text THEN j.created_at
+            ELSE COALESCE(c.last_success_at, c.last_completed_at)
+        END AS since,
+        CASE s.state
+            WHEN 'crashed'::text THEN format('run %s is still marked running, but its lease %s: its runner is gone (ledger.reap_expired, or the next start, closes it)'::text, c.running_run_id,
+            CASE
+                WHEN (l.token <> c.running_token) THEN format('went to token %s'::text, l.token)
+                WHEN (l.released_at IS NOT NULL) THEN 'was released'::text
+                ELSE format('expired %s ago'::text, date_trunc('second'::text, (n.at - l.expires_at)))
+            END)
+            WHEN 'overrun'::text THEN format('running for %s, over its max_runtime %s'::text, date_trunc('second'::text, (n.at - c.running_started_at)), j.max_runtime)
+            WHEN 'paused'::text THEN
+            CASE j.pause_reason
+                WHEN 'failures'::text THEN format('paused after %s failure%s in a row'::text, c.consecutive_failures,
+                CASE
+                    WHEN (c.consecutive_failures = 1) THEN ''::text
+                    ELSE 's'::text
+                END)
+                ELSE 'paused by an operator'::text
+            END
+            WHEN 'running'::text THEN format('run %s running'::text, c.running_run_id)
+            WHEN 'down'::text THEN
+            CASE
+                WHEN (s.unserved_since IS NOT NULL) THEN 'no live scheduler serves it'::text
+                WHEN (c.down_due <= (n.at - s.grace)) THEN format('%s%s slots missed since the last success'::text,
+                CASE
+                    WHEN m.missed_slots_capped THEN 'at least '::text
+                    ELSE ''::text
+                END, m.missed_slots)
+                ELSE format('no success for over %s'::text, j.down_after)
+            END
+            WHEN 'late'::text THEN format('a slot due %s ago was not started within %s'::text, date_trunc('second'::text, (n.at - c.next_due)), s.grace)
+            WHEN 'failing'::text THEN format('%s failure%s in a row'::text, c.consecutive_failures,
+            CASE
+                WHEN (c.consecutive_failures = 1) THEN ''::text
+                ELSE 's'::text
+            END)
+            WHEN 'never_run'::text THEN 'no run yet'::text
+            ELSE 'ok'::text
+        END AS reason,
+    m.missed_slots,
+    m.missed_slots_capped,
+        CASE
+            WHEN (c.successes >= ledger._advice_min_runs()) THEN c.longest_success
+            ELSE NULL::interval
+        END AS advice_longest,
+        CASE
+            WHEN ((COALESCE(j.ttl, l.ttl) IS NULL) OR (c.successes < ledger._advice_min_runs()) OR (c.longest_success IS NULL)) THEN 'no_data'::text
+            WHEN (COALESCE(j.ttl, l.ttl) < GREATEST((c.longest_success * (1.5)::double precision), ledger._advice_min_ttl())) THEN 'too_short'::text
+            WHEN (COALESCE(j.ttl, l.ttl) > GREATEST((c.longest_success * (2)::double precision), ledger._advice_min_ttl())) THEN 'too_long'::text
+            ELSE 'ok'::text
+        END AS ttl_verdict,
+    c.skipped_deadline,
+    c.skipped_pool_full,
+    (j.pool)::text AS pool
+   FROM ((((((ledger.counters c
+     LEFT JOIN ledger.jobs j ON (((j.job)::text = (c.job)::text)))
+     LEFT JOIN ledger.leases l ON (((l.job)::text = (c.job)::text)))
+     LEFT JOIN ( SELECT k.job,
+            sum(k.skipped_overlap) AS pending
+           FROM ledger.skip_counts k
+          GROUP BY k.job) sk ON (((sk.job)::text = (c.job)::text)))
+     CROSS JOIN LATERAL ( SELECT ledger._view_now() AS at) n)
+     CROSS JOIN LATERAL ( SELECT d.live,
+            d.grace,
+            d.unserved_since,
+                CASE
+                    WHEN ((c.running_run_id IS NOT NULL) AND (NOT d.live)) THEN 'crashed'::text
+                    WHEN (d.live AND ((n.at - c.running_started_at) > j.max_runtime)) THEN 'overrun'::text
+                    WHEN j.paused THEN 'paused'::text
+                    WHEN d.live THEN 'running'::text
+                    WHEN ((d.unserved_since IS NOT NULL) OR (c.down_due <= (n.at - d.grace)) OR ((n.at - COALESCE(c.last_success_at, j.created_at)) > j.down_after)) THEN 'down'::text
+                    WHEN (c.next_due <= (n.at - d.grace)) THEN 'late'::text
+                    WHEN (c.consecutive_failures >= ledger._failing_after()) THEN 'failing'::text
+                    WHEN (c.last_run_id IS NULL) THEN 'never_run'::text
+                    ELSE 'ok'::text
+                END AS state
+           FROM ( SELECT COALESCE(((l.token = c.running_token) AND (l.released_at IS NULL) AND (l.expires_at > n.at)), false) AS live,
+                    COALESCE(j.late_after, GREATEST(COALESCE(j.ttl, l.ttl, '00:01:00'::interval), '00:01:00'::interval)) AS grace,
+                    ( SELECT
+                                CASE
+                                    WHEN bool_or((x.expires_at > n.at)) THEN NULL::timestamp with time zone
+                                    ELSE max(x.expires_at)
+                                END AS max
+                           FROM (ledger.scheduler_jobs sj
+                             JOIN ledger.schedulers x ON (((x.scheduler)::text = (sj.scheduler)::text)))
+                          WHERE ((sj.job)::text = (c.job)::text)) AS unserved_since) d
+         OFFSET 0) s)
+     CROSS JOIN LATERAL ( SELECT
+                CASE
+                    WHEN (j.schedule IS NULL) THEN NULL::bigint
+                    WHEN ((c.next_due IS NULL) OR (c.next_due > (n.at - s.grace))) THEN (0)::bigint
+                    WHEN (((j.schedule_spec).kind = 'interval'::text) AND ((j.schedule_spec).every_months = 0) AND ((j.schedule_spec).every_days = 0)) THEN ((floor((((EXTRACT(epoch FROM (n.at - s.grace)) - EXTRACT(epoch FROM ('2000-01-01 00:00:00'::timestamp without time zone AT TIME ZONE j.time_zone))) * (1000000)::numeric) / ((j.schedule_spec).every_micros)::numeric)))::bigint - (floor((((EXTRACT(epoch FROM COALESCE(c.done_slot, j.created_at)) - EXTRACT(epoch FROM ('2000-01-01 00:00:00'::timestamp without time zone AT TIME ZONE j.time_zone))) * (1000000)::numeric) / ((j.schedule_spec).every_micros)::numeric)))::bigint)
+                    WHEN (c.down_due <= (n.at - s.grace)) THEN (ledger._down_after_slots())::bigint
+                    ELSE (1)::bigint
+                END AS missed_slots,
+            COALESCE(((j.schedule IS NOT NULL) AND (c.next_due <= (n.at - s.grace)) AND (NOT (((j.schedule_spec).kind = 'interval'::text) AND ((j.schedule_spec).every_months = 0) AND ((j.schedule_spec).every_days = 0)))), false) AS missed_slots_capped) m);
+
+CREATE OR REPLACE VIEW ledger.job_counters AS
+ SELECT k.job,
+    COALESCE(c.runs_started, (0)::bigint) AS runs_started,
+    COALESCE(c.successes, (0)::bigint) AS successes,
+    COALESCE(c.failures, (0)::bigint) AS failures,
+    (COALESCE(c.skipped_overlap, (0)::bigint) + (COALESCE(( SELECT sum(s.skipped_overlap) AS sum
+           FROM ledger.skip_counts s
+          WHERE ((s.job)::text = (k.job)::text)), (0)::numeric))::bigint) AS skipped_overlap,
+    COALESCE(c.skipped_backfill, (0)::bigint) AS skipped_backfill,
+    COALESCE(c.leases_lost, (0)::bigint) AS leases_lost,
+    COALESCE(c.skipped_deadline, (0)::bigint) AS skipped_deadline,
+    COALESCE(c.skipped_pool_full, (0)::bigint) AS skipped_pool_full
+   FROM (( SELECT t.job
+           FROM ledger.counters t
+        UNION
+         SELECT t.job
+           FROM ledger.jobs t
+        UNION
+         SELECT t.job
+           FROM ledger.skip_counts t) k
+     LEFT JOIN ledger.counters c ON (((c.job)::text = (k.job)::text)));
+
+COMMENT ON VIEW ledger.job_counters IS 'Per job: runs started, successes, failures, skips by overlap and by backfill limit, leases lost, skips by start deadline, starts skipped by a full pool';
+
+CREATE OR REPLACE VIEW ledger.job_status AS
+ SELECT s.job,
+    s.schedule,
+    s.time_zone,
+    s.ttl,
+    s.max_backfill,
+    s.paused,
+    s.holder,
+    s.token,
+    s.lease_expires_at,
+    s.last_run_id,
+    s.last_status,
+    s.last_started_at,
+    s.last_completed_at,
+    s.last_success_at,
+    s.running_run_id,
+    s.running_for,
+        CASE
+            WHEN ((s.schedule IS NOT NULL) AND (NOT s.paused)) THEN s.next_due
+            ELSE NULL::timestamp with time zone
+        END AS next_slot,
+    (s.state = ANY (ARRAY['late'::text, 'down'::text])) AS overdue,
+    s.consecutive_failures,
+    s.runs_started,
+    s.successes,
+    s.failures,
+    s.skipped_overlap,
+    s.skipped_backfill,
+    s.leases_lost,
+    s.state,
+    s.skipped_deadline,
+    s.skipped_pool_full,
+    s.pool
+   FROM ledger._job_state s;
+
+-- By hand: the new view, after the tables and functions it reads.
+CREATE VIEW ledger.pool_status AS
+SELECT p.pool::text,
+       p.size,
+       (SELECT count(*) FROM ledger.leases l
+         WHERE l.pool = p.pool AND l.released_at IS NULL AND l.expires_at > ledger._view_now())::integer AS used,
+       (SELECT count(*) FROM ledger.jobs j JOIN ledger.job_execution_log r ON r.job = j.job AND r.status = 'running'
+         WHERE j.pool = p.pool)::integer                                                         AS running,
+       (SELECT count(*) FROM ledger.jobs j WHERE j.pool = p.pool)::integer                       AS jobs,
+       (SELECT count(*) FROM ledger.wakeups w WHERE w.pool_wait = p.pool)::integer               AS waiting,
+       coalesce((SELECT sum(c.skipped_pool_full) FROM ledger.jobs j JOIN ledger.counters c ON c.job = j.job
+                  WHERE j.pool = p.pool), 0)::bigint                                              AS skipped_pool_full,
+       p.created_at,
+       p.updated_at
+  FROM ledger.pools p;
+COMMENT ON VIEW ledger.pool_status IS
+    'Each pool: size, live leases (used), running runs, jobs, jobs waiting a place, starts skipped as full';
+ALTER VIEW ledger.pool_status OWNER TO ledger_owner;
+REVOKE ALL ON ledger.pool_status FROM PUBLIC;
+GRANT SELECT ON ledger.pool_status TO ledger_client, ledger_reader;
