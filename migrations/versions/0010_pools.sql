@@ -1242,169 +1242,138 @@ BEGIN
 END
 $function$;
 
+-- By hand: as sql/ writes it ((EXTRACT(...))::numeric: on PostgreSQL 13 EXTRACT is double precision).
 CREATE OR REPLACE VIEW ledger._job_state AS
- SELECT c.job,
-    j.schedule,
-    j.time_zone,
-    j.max_backfill,
-    COALESCE(j.paused, false) AS paused,
-    j.paused_at,
-    j.pause_reason,
-    j.created_at,
-    j.down_after,
-    j.min_runtime,
-    j.max_runtime,
-    j.pause_after_failures,
-    COALESCE(j.ttl, l.ttl) AS ttl,
-        CASE
-            WHEN ((l.released_at IS NULL) AND (l.expires_at > n.at)) THEN (l.owner)::text
-            ELSE NULL::text
-        END AS holder,
-    l.token,
-    l.expires_at AS lease_expires_at,
-    c.last_run_id,
-    c.last_status,
-    c.last_started_at,
-    c.last_completed_at,
-    c.last_success_started_at,
-    c.last_success_at,
-    c.running_run_id,
-    c.running_started_at,
-    (n.at - c.running_started_at) AS running_for,
-    c.done_slot,
-    c.longest_success,
-    c.consecutive_failures,
-    c.next_due,
-    c.down_due,
-    c.latest_end,
-    c.overlap_run_id,
-    c.runs_started,
-    c.successes,
-    c.failures,
-    (c.skipped_overlap + (COALESCE(sk.pending, (0)::numeric))::bigint) AS skipped_overlap,
-    c.skipped_backfill,
-    c.leases_lost,
-    n.at,
-    s.live,
-    s.grace,
-    s.state,
-        CASE s.state
-            WHEN 'crashed'::text THEN
-            CASE
-                WHEN (l.token = c.running_token) THEN l.expires_at
-                ELSE l.acquired_at
-            END
-            WHEN 'overrun'::text THEN (c.running_started_at + j.max_runtime)
-            WHEN 'paused'::text THEN j.paused_at
-            WHEN 'running'::text THEN c.running_started_at
-            WHEN 'down'::text THEN COALESCE(s.unserved_since, LEAST(
-            CASE
-                WHEN (c.down_due <= (n.at - s.grace)) THEN (c.down_due + s.grace)
-                ELSE NULL::timestamp with time zone
-            END,
-            CASE
-                WHEN ((n.at - COALESCE(c.last_success_at, j.created_at)) > j.down_after) THEN (COALESCE(c.last_success_at, j.created_at) + j.down_after)
-                ELSE NULL::timestamp with time zone
-            END))
-            WHEN 'late'::text THEN (c.next_due + s.grace)
-            WHEN 'failing'::text THEN COALESCE(c.last_success_at, j.created_at)
-            WHEN 'never_run'::text THEN j.created_at
-            ELSE COALESCE(c.last_success_at, c.last_completed_at)
-        END AS since,
-        CASE s.state
-            WHEN 'crashed'::text THEN format('run %s is still marked running, but its lease %s: its runner is gone (ledger.reap_expired, or the next start, closes it)'::text, c.running_run_id,
-            CASE
-                WHEN (l.token <> c.running_token) THEN format('went to token %s'::text, l.token)
-                WHEN (l.released_at IS NOT NULL) THEN 'was released'::text
-                ELSE format('expired %s ago'::text, date_trunc('second'::text, (n.at - l.expires_at)))
-            END)
-            WHEN 'overrun'::text THEN format('running for %s, over its max_runtime %s'::text, date_trunc('second'::text, (n.at - c.running_started_at)), j.max_runtime)
-            WHEN 'paused'::text THEN
-            CASE j.pause_reason
-                WHEN 'failures'::text THEN format('paused after %s failure%s in a row'::text, c.consecutive_failures,
-                CASE
-                    WHEN (c.consecutive_failures = 1) THEN ''::text
-                    ELSE 's'::text
-                END)
-                ELSE 'paused by an operator'::text
-            END
-            WHEN 'running'::text THEN format('run %s running'::text, c.running_run_id)
-            WHEN 'down'::text THEN
-            CASE
-                WHEN (s.unserved_since IS NOT NULL) THEN 'no live scheduler serves it'::text
-                WHEN (c.down_due <= (n.at - s.grace)) THEN format('%s%s slots missed since the last success'::text,
-                CASE
-                    WHEN m.missed_slots_capped THEN 'at least '::text
-                    ELSE ''::text
-                END, m.missed_slots)
-                ELSE format('no success for over %s'::text, j.down_after)
-            END
-            WHEN 'late'::text THEN format('a slot due %s ago was not started within %s'::text, date_trunc('second'::text, (n.at - c.next_due)), s.grace)
-            WHEN 'failing'::text THEN format('%s failure%s in a row'::text, c.consecutive_failures,
-            CASE
-                WHEN (c.consecutive_failures = 1) THEN ''::text
-                ELSE 's'::text
-            END)
-            WHEN 'never_run'::text THEN 'no run yet'::text
-            ELSE 'ok'::text
-        END AS reason,
-    m.missed_slots,
-    m.missed_slots_capped,
-        CASE
-            WHEN (c.successes >= ledger._advice_min_runs()) THEN c.longest_success
-            ELSE NULL::interval
-        END AS advice_longest,
-        CASE
-            WHEN ((COALESCE(j.ttl, l.ttl) IS NULL) OR (c.successes < ledger._advice_min_runs()) OR (c.longest_success IS NULL)) THEN 'no_data'::text
-            WHEN (COALESCE(j.ttl, l.ttl) < GREATEST((c.longest_success * (1.5)::double precision), ledger._advice_min_ttl())) THEN 'too_short'::text
-            WHEN (COALESCE(j.ttl, l.ttl) > GREATEST((c.longest_success * (2)::double precision), ledger._advice_min_ttl())) THEN 'too_long'::text
-            ELSE 'ok'::text
-        END AS ttl_verdict,
-    c.skipped_deadline,
-    c.skipped_pool_full,
-    (j.pool)::text AS pool
-   FROM ((((((ledger.counters c
-     LEFT JOIN ledger.jobs j ON (((j.job)::text = (c.job)::text)))
-     LEFT JOIN ledger.leases l ON (((l.job)::text = (c.job)::text)))
-     LEFT JOIN ( SELECT k.job,
-            sum(k.skipped_overlap) AS pending
-           FROM ledger.skip_counts k
-          GROUP BY k.job) sk ON (((sk.job)::text = (c.job)::text)))
-     CROSS JOIN LATERAL ( SELECT ledger._view_now() AS at) n)
-     CROSS JOIN LATERAL ( SELECT d.live,
-            d.grace,
-            d.unserved_since,
-                CASE
-                    WHEN ((c.running_run_id IS NOT NULL) AND (NOT d.live)) THEN 'crashed'::text
-                    WHEN (d.live AND ((n.at - c.running_started_at) > j.max_runtime)) THEN 'overrun'::text
-                    WHEN j.paused THEN 'paused'::text
-                    WHEN d.live THEN 'running'::text
-                    WHEN ((d.unserved_since IS NOT NULL) OR (c.down_due <= (n.at - d.grace)) OR ((n.at - COALESCE(c.last_success_at, j.created_at)) > j.down_after)) THEN 'down'::text
-                    WHEN (c.next_due <= (n.at - d.grace)) THEN 'late'::text
-                    WHEN (c.consecutive_failures >= ledger._failing_after()) THEN 'failing'::text
-                    WHEN (c.last_run_id IS NULL) THEN 'never_run'::text
-                    ELSE 'ok'::text
-                END AS state
-           FROM ( SELECT COALESCE(((l.token = c.running_token) AND (l.released_at IS NULL) AND (l.expires_at > n.at)), false) AS live,
-                    COALESCE(j.late_after, GREATEST(COALESCE(j.ttl, l.ttl, '00:01:00'::interval), '00:01:00'::interval)) AS grace,
-                    ( SELECT
-                                CASE
-                                    WHEN bool_or((x.expires_at > n.at)) THEN NULL::timestamp with time zone
-                                    ELSE max(x.expires_at)
-                                END AS max
-                           FROM (ledger.scheduler_jobs sj
-                             JOIN ledger.schedulers x ON (((x.scheduler)::text = (sj.scheduler)::text)))
-                          WHERE ((sj.job)::text = (c.job)::text)) AS unserved_since) d
-         OFFSET 0) s)
-     CROSS JOIN LATERAL ( SELECT
-                CASE
-                    WHEN (j.schedule IS NULL) THEN NULL::bigint
-                    WHEN ((c.next_due IS NULL) OR (c.next_due > (n.at - s.grace))) THEN (0)::bigint
-                    WHEN (((j.schedule_spec).kind = 'interval'::text) AND ((j.schedule_spec).every_months = 0) AND ((j.schedule_spec).every_days = 0)) THEN ((floor((((EXTRACT(epoch FROM (n.at - s.grace)) - EXTRACT(epoch FROM ('2000-01-01 00:00:00'::timestamp without time zone AT TIME ZONE j.time_zone))) * (1000000)::numeric) / ((j.schedule_spec).every_micros)::numeric)))::bigint - (floor((((EXTRACT(epoch FROM COALESCE(c.done_slot, j.created_at)) - EXTRACT(epoch FROM ('2000-01-01 00:00:00'::timestamp without time zone AT TIME ZONE j.time_zone))) * (1000000)::numeric) / ((j.schedule_spec).every_micros)::numeric)))::bigint)
-                    WHEN (c.down_due <= (n.at - s.grace)) THEN (ledger._down_after_slots())::bigint
-                    ELSE (1)::bigint
-                END AS missed_slots,
-            COALESCE(((j.schedule IS NOT NULL) AND (c.next_due <= (n.at - s.grace)) AND (NOT (((j.schedule_spec).kind = 'interval'::text) AND ((j.schedule_spec).every_months = 0) AND ((j.schedule_spec).every_days = 0)))), false) AS missed_slots_capped) m);
+SELECT c.job,
+       j.schedule, j.time_zone, j.max_backfill, coalesce(j.paused, false) AS paused, j.paused_at, j.pause_reason,
+       j.created_at, j.down_after, j.min_runtime, j.max_runtime, j.pause_after_failures,
+       coalesce(j.ttl, l.ttl)                                             AS ttl,
+       CASE WHEN l.released_at IS NULL AND l.expires_at > n.at THEN l.owner END AS holder,
+       l.token,
+       l.expires_at                                                       AS lease_expires_at,
+       c.last_run_id, c.last_status, c.last_started_at, c.last_completed_at, c.last_success_started_at,
+       c.last_success_at, c.running_run_id, c.running_started_at,
+       n.at - c.running_started_at                                        AS running_for,
+       c.done_slot, c.longest_success, c.consecutive_failures, c.next_due, c.down_due, c.latest_end,
+       c.overlap_run_id, c.runs_started, c.successes, c.failures,
+       c.skipped_overlap + coalesce(sk.pending, 0)::bigint                AS skipped_overlap,
+       c.skipped_backfill, c.leases_lost,
+       n.at, s.live, s.grace,
+       s.state,
+       CASE s.state
+           WHEN 'crashed' THEN CASE WHEN l.token = c.running_token THEN l.expires_at ELSE l.acquired_at END
+           WHEN 'overrun' THEN c.running_started_at + j.max_runtime
+           WHEN 'paused' THEN j.paused_at
+           WHEN 'running' THEN c.running_started_at
+           WHEN 'down' THEN coalesce(s.unserved_since, least(
+               CASE WHEN c.down_due <= n.at - s.grace THEN c.down_due + s.grace END,
+               CASE WHEN n.at - coalesce(c.last_success_at, j.created_at) > j.down_after
+                    THEN coalesce(c.last_success_at, j.created_at) + j.down_after END))
+           WHEN 'late' THEN c.next_due + s.grace
+           WHEN 'failing' THEN coalesce(c.last_success_at, j.created_at)
+           WHEN 'never_run' THEN j.created_at
+           ELSE coalesce(c.last_success_at, c.last_completed_at)
+       END                                                                AS since,
+       CASE s.state
+           WHEN 'crashed' THEN format('run %s is still marked running, but its lease %s: its runner is gone '
+                                      '(ledger.reap_expired, or the next start, closes it)', c.running_run_id,
+                                      CASE WHEN l.token <> c.running_token THEN format('went to token %s', l.token)
+                                           WHEN l.released_at IS NOT NULL THEN 'was released'
+                                           ELSE format('expired %s ago', date_trunc('second', n.at - l.expires_at))
+                                      END)
+           WHEN 'overrun' THEN format('running for %s, over its max_runtime %s',
+                                      date_trunc('second', n.at - c.running_started_at), j.max_runtime)
+           WHEN 'paused' THEN CASE j.pause_reason
+                                  WHEN 'failures' THEN format('paused after %s failure%s in a row',
+                                                              c.consecutive_failures,
+                                                              CASE WHEN c.consecutive_failures = 1 THEN ''
+                                                                   ELSE 's' END)
+                                  ELSE 'paused by an operator' END
+           WHEN 'running' THEN format('run %s running', c.running_run_id)
+           WHEN 'down' THEN CASE WHEN s.unserved_since IS NOT NULL THEN 'no live scheduler serves it'
+                                 WHEN c.down_due <= n.at - s.grace
+                                 THEN format('%s%s slots missed since the last success',
+                                             CASE WHEN m.missed_slots_capped THEN 'at least ' ELSE '' END,
+                                             m.missed_slots)
+                                 ELSE format('no success for over %s', j.down_after) END
+           WHEN 'late' THEN format('a slot due %s ago was not started within %s',
+                                   date_trunc('second', n.at - c.next_due), s.grace)
+           WHEN 'failing' THEN format('%s failure%s in a row', c.consecutive_failures,
+                                      CASE WHEN c.consecutive_failures = 1 THEN '' ELSE 's' END)
+           WHEN 'never_run' THEN 'no run yet'
+           ELSE 'ok'
+       END                                                                AS reason,
+       m.missed_slots, m.missed_slots_capped,
+       -- ledger.ttl_advice's verdict (the alerts' ttl_too_short): no advice
+       -- before ledger._advice_min_runs() successes
+       CASE WHEN c.successes >= ledger._advice_min_runs() THEN c.longest_success END AS advice_longest,
+       CASE
+           WHEN coalesce(j.ttl, l.ttl) IS NULL OR c.successes < ledger._advice_min_runs()
+                OR c.longest_success IS NULL THEN 'no_data'
+           WHEN coalesce(j.ttl, l.ttl) < greatest(c.longest_success * 1.5, ledger._advice_min_ttl()) THEN 'too_short'
+           WHEN coalesce(j.ttl, l.ttl) > greatest(c.longest_success * 2, ledger._advice_min_ttl()) THEN 'too_long'
+           ELSE 'ok'
+       END                                                                AS ttl_verdict,
+       c.skipped_deadline,
+       c.skipped_pool_full,
+       j.pool::text                                                       AS pool
+  FROM ledger.counters c
+  LEFT JOIN ledger.jobs j ON j.job = c.job
+  LEFT JOIN ledger.leases l ON l.job = c.job
+  -- skips not yet folded into the state row (ledger.skip_counts)
+  LEFT JOIN (SELECT k.job, sum(k.skipped_overlap) AS pending FROM ledger.skip_counts k GROUP BY k.job) sk
+         ON sk.job = c.job
+ CROSS JOIN LATERAL (SELECT ledger._view_now() AS at) n
+ -- The state, worked out once per row (OFFSET 0 keeps the planner from
+ -- copying its expression into every column that reads it; a lateral
+ -- subquery still lets a read of one job use the primary keys).
+ CROSS JOIN LATERAL (
+       SELECT d.live, d.grace, d.unserved_since,
+              CASE
+                  WHEN c.running_run_id IS NOT NULL AND NOT d.live THEN 'crashed'
+                  WHEN d.live AND n.at - c.running_started_at > j.max_runtime THEN 'overrun'
+                  WHEN j.paused THEN 'paused'
+                  WHEN d.live THEN 'running'
+                  WHEN d.unserved_since IS NOT NULL
+                       OR c.down_due <= n.at - d.grace
+                       OR n.at - coalesce(c.last_success_at, j.created_at) > j.down_after THEN 'down'
+                  WHEN c.next_due <= n.at - d.grace THEN 'late'
+                  WHEN c.consecutive_failures >= ledger._failing_after() THEN 'failing'
+                  WHEN c.last_run_id IS NULL THEN 'never_run'
+                  ELSE 'ok'
+              END AS state
+         FROM (SELECT coalesce(l.token = c.running_token AND l.released_at IS NULL AND l.expires_at > n.at, false)
+                          AS live,
+                      coalesce(j.late_after, greatest(coalesce(j.ttl, l.ttl, interval '1 minute'), interval '1 minute'))
+                          AS grace,
+                      -- served by schedulers that all expired: since the last expiry
+                      (SELECT CASE WHEN bool_or(x.expires_at > n.at) THEN NULL ELSE max(x.expires_at) END
+                         FROM ledger.scheduler_jobs sj JOIN ledger.schedulers x ON x.scheduler = sj.scheduler
+                        WHERE sj.job = c.job) AS unserved_since) d
+       OFFSET 0) s
+ -- The slots missed since the newest done (or the registration): counted
+ -- by arithmetic for an interval of fixed length (its slots are whole
+ -- multiples of it since 2000-01-01 00:00 local, as ledger._interval_index
+ -- counts them); otherwise from the due marks, 1 or
+ -- ledger._down_after_slots(), as a lower bound (missed_slots_capped).
+ CROSS JOIN LATERAL (
+       SELECT CASE
+                  WHEN j.schedule IS NULL THEN NULL
+                  WHEN c.next_due IS NULL OR c.next_due > n.at - s.grace THEN 0::bigint
+                  WHEN (j.schedule_spec).kind = 'interval' AND (j.schedule_spec).every_months = 0
+                       AND (j.schedule_spec).every_days = 0
+                  THEN floor(((extract(epoch FROM n.at - s.grace))::numeric
+                              - (extract(epoch FROM timestamp '2000-01-01 00:00' AT TIME ZONE j.time_zone))::numeric)
+                             * 1000000 / (j.schedule_spec).every_micros)::bigint
+                       - floor(((extract(epoch FROM coalesce(c.done_slot, j.created_at)))::numeric
+                                - (extract(epoch FROM timestamp '2000-01-01 00:00' AT TIME ZONE j.time_zone))::numeric)
+                               * 1000000 / (j.schedule_spec).every_micros)::bigint
+                  WHEN c.down_due <= n.at - s.grace THEN ledger._down_after_slots()::bigint
+                  ELSE 1::bigint
+              END AS missed_slots,
+              coalesce(j.schedule IS NOT NULL AND c.next_due <= n.at - s.grace
+                       AND NOT ((j.schedule_spec).kind = 'interval' AND (j.schedule_spec).every_months = 0
+                                AND (j.schedule_spec).every_days = 0), false) AS missed_slots_capped) m;
 
 CREATE OR REPLACE VIEW ledger.job_counters AS
  SELECT k.job,
