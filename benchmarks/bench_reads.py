@@ -23,15 +23,18 @@ it), each read ``--rounds`` times, best and median:
 - ``client``: the rows fetched by psycopg into Python tuples, as the
   dashboard's jobs page, ``jobledger status`` and ``jobledger metrics`` do.
 
-The metrics scrape is every statement of one ``ledger.metrics.read_snapshot``
-(ledger/queries.py), in one read-only transaction (``client``), and the whole
-exposition as ``jobledger metrics`` writes it (``exposition``: read as
-ledger_reader, the per-job sample lines written by PostgreSQL,
-``metrics.JOB_TEXT``, timed alone too as ``job lines``), and, for
+The metrics scrape is the per-job statement of one ``ledger.metrics.read_snapshot``
+(``queries.METRIC_JOBS``: the state rows, each job's alert kinds with them), in one
+read-only transaction (``client``), and the whole exposition as ``jobledger metrics``
+writes it (``exposition``: a connection opened, read as ledger_reader, the per-job
+sample lines and the alerts by kind written by PostgreSQL in one statement,
+``metrics.JOB_TEXT``, timed alone too as ``job lines``; ``exposition, open
+connection``: ``metrics.read_text`` over a connection already open), and, for
 comparison, the same text written by Python from the rows
-(``text(samples(read_snapshot()))``, the path of ``families``). The dashboard's ``/api/jobs`` and jobs page (``/``) are
-timed over HTTP against ``jobledger web``'s app on a loopback port: every
-job's state read (the filters' counts), a page of 100 drawn. Prints a markdown table;
+(``text(samples(read_snapshot()))``, the path of ``families``). The dashboard's
+``/api/jobs`` and jobs page (``/``) are timed over HTTP against ``jobledger web``'s
+app on a loopback port: every job's state counted in SQL (the filters' counts), a
+page of 100 read and drawn. Prints a markdown table;
 BENCHMARKS.md ("One truth per job") has the figures. Nothing here asserts a
 time.
 """
@@ -56,7 +59,7 @@ from ledger import metrics, queries  # noqa: E402
 from ledger.migrate import install_script  # noqa: E402
 
 ADMIN_DSN = os.environ.get("LEDGER_BENCH_DSN", "host=127.0.0.1 user=postgres dbname=postgres")
-DB = "ledger_bench_reads"
+DB = "ledger_bench_reads"  # --db names another
 
 # %(jobs)s jobs, %(runs)s runs each. Job i: i % 10 = 0 down (its last three slots not run), 1 failing
 # (a run without a slot failed after its last slot succeeded), i % 100 = 3 running, 5 crashed, 7 paused; run k served the slot
@@ -129,11 +132,11 @@ VIEWS = {
 }
 
 
-def build(jobs: int, runs: int) -> tuple[str, float]:
+def build(jobs: int, runs: int, db: str = DB) -> tuple[str, float]:
     with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {DB}")
-    dsn = ADMIN_DSN.replace("dbname=postgres", f"dbname={DB}")
+        admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {db}")
+    dsn = ADMIN_DSN.replace("dbname=postgres", f"dbname={db}")
     started = time.monotonic()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(install_script())  # type: ignore[arg-type]
@@ -159,8 +162,12 @@ def _rounds(rounds: int, body: Any) -> tuple[float, float]:
     return _best_and_median(samples)
 
 
-#: The statements of one scrape (ledger.metrics.read_snapshot, without the --audit ones).
-SCRAPE = [("state rows", queries.METRIC_JOBS, None), ("alert counts", queries.ALERT_COUNTS, None)]
+#: The per-job statements of one scrape (ledger.metrics.read_snapshot, without the --audit ones, and the
+#: database's risks and the schedulers, a few rows whatever the number of jobs).
+SCRAPE = [("state rows", queries.METRIC_JOBS, None)]
+#: Each statement's server time (``scrape_parts``): the state rows (each job's alert kinds with them),
+#: and the job lines with the alerts by kind (the one statement of the text exposition).
+PARTS = [*SCRAPE, ("job lines and alert counts", metrics.JOB_TEXT, None)]
 
 
 def scrape(conn: psycopg.Connection[Any]) -> None:
@@ -174,7 +181,7 @@ def scrape(conn: psycopg.Connection[Any]) -> None:
 def scrape_parts(conn: psycopg.Connection[Any], rounds: int, jobs: int) -> dict[str, float]:
     """The server's time for each statement of a scrape (best of the rounds, us per job)."""
     out = {}
-    for name, statement, params in SCRAPE:
+    for name, statement, params in PARTS:
         wrapped = f"SELECT sum(hashtext(t::text)) FROM ({statement}) AS t"
         best, _ = _rounds(rounds, lambda: conn.execute(wrapped, params, prepare=False).fetchall())  # type: ignore[arg-type]
         out[name] = round(best * 1e6 / jobs, 2)
@@ -195,6 +202,7 @@ def measure(dsn: str, jobs: int, rounds: int) -> dict[str, Any]:
         out["scrape parts"] = scrape_parts(conn, rounds, jobs)
         out["job lines"] = _rounds(rounds, lambda: conn.execute(metrics.JOB_TEXT, prepare=False, binary=True).fetchall())
         out["python writer"] = _rounds(rounds, lambda: metrics.text(metrics.samples(metrics.read_snapshot(conn))))
+        out["exposition, open connection"] = _rounds(rounds, lambda: metrics.read_text(conn))
     out["exposition"] = _rounds(rounds, lambda: metrics.exposition(lambda: psycopg.connect(dsn, autocommit=True)))
     out.update(web(dsn, rounds))
     return out
@@ -219,37 +227,41 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10, help="runs per job")
     parser.add_argument("--rounds", type=int, default=5, help="times each read is timed")
     parser.add_argument("--keep-db", action="store_true")
+    parser.add_argument("--db", default=DB, help=f"the scratch database's name (default {DB})")
     args = parser.parse_args()
     results = []
     for jobs in (int(size) for size in args.sizes.split(",")):
-        dsn, seconds = build(jobs, args.runs)
+        dsn, seconds = build(jobs, args.runs, args.db)
         result = measure(dsn, jobs, args.rounds)
         result.update(jobs=jobs, build_seconds=round(seconds, 1))
         results.append(result)
         print(f"{jobs} jobs x {args.runs} runs built in {seconds:.1f} s; states {result['states']}", flush=True)
     if not args.keep_db:
         with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+            admin.execute(f"DROP DATABASE IF EXISTS {args.db} WITH (FORCE)")
 
     def us(seconds: float, jobs: int) -> str:
         return f"{seconds * 1e6 / jobs:.2f}"
 
-    print("\n| read (us per job: best / median) | " + " | ".join(f"{r['jobs']:,} jobs" for r in results) + " |")
-    print("|---|" + "---:|" * len(results))
+    def row(label: str, timed: list[tuple[float, float]]) -> None:
+        """us per job at each size (best / median), and the largest size's best in seconds."""
+        cells = [f"{us(best, r['jobs'])} / {us(median, r['jobs'])}" for (best, median), r in zip(timed, results)]
+        print(f"| {label} | " + " | ".join(cells) + f" | {timed[-1][0]:.2f} s |")
+
+    print("\n| read (us per job: best / median) | " + " | ".join(f"{r['jobs']:,} jobs" for r in results)
+          + f" | {results[-1]['jobs']:,} jobs, total (best) |")
+    print("|---|" + "---:|" * (len(results) + 1))
     for name in VIEWS:
         for side in ("server", "client"):
-            cells = [f"{us(r[name][side][0], r['jobs'])} / {us(r[name][side][1], r['jobs'])}" for r in results]
-            print(f"| `{name}` ({side}) | " + " | ".join(cells) + " |")
-    cells = [f"{us(r['metrics scrape']['client'][0], r['jobs'])} / {us(r['metrics scrape']['client'][1], r['jobs'])}"
-             for r in results]
-    print("| metrics scrape (client, its two statements) | " + " | ".join(cells) + " |")
-    labels = {"job lines": "metrics job lines (`metrics.JOB_TEXT`, fetched as bytes)",
-              "exposition": "metrics exposition (`jobledger metrics`, whole text)",
+            row(f"`{name}` ({side})", [r[name][side] for r in results])
+    row("metrics scrape (client, `METRIC_JOBS`)", [r["metrics scrape"]["client"] for r in results])
+    labels = {"job lines": "metrics job lines and alert counts (`metrics.JOB_TEXT`, fetched as bytes)",
+              "exposition": "metrics exposition (`jobledger metrics`, whole text, a connection opened)",
+              "exposition, open connection": "metrics exposition over an open connection (`read_text`)",
               "python writer": "metrics exposition, Python writer (`text(samples(read_snapshot()))`)"}
-    for name in ("job lines", "exposition", "python writer", "/api/jobs", "jobs page"):
-        cells = [f"{us(r[name][0], r['jobs'])} / {us(r[name][1], r['jobs'])}" for r in results]
-        label = labels.get(name, f"`{name}` (HTTP)")
-        print(f"| {label} | " + " | ".join(cells) + " |")
+    for name in ("job lines", "exposition", "exposition, open connection", "python writer", "/api/jobs",
+                 "jobs page"):
+        row(labels.get(name, f"`{name}` (HTTP)"), [r[name] for r in results])
     print("\n| scrape statement (server, us per job, best) | " + " | ".join(f"{r['jobs']:,} jobs" for r in results)
           + " |")
     print("|---|" + "---:|" * len(results))

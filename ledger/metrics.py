@@ -4,7 +4,8 @@ A custom collector (no state in the process: the counters live in the
 database, so any number of exporters agree and a restart loses nothing). Each
 scrape opens a connection (or takes one from a pool: the dashboard's), reads
 each job's state row (``ledger._job_state``, what ``ledger.job_status`` and
-``ledger.job_health`` show), the alerts grouped by kind, the database's
+``ledger.job_health`` show) with the kinds of alerts it raises (counted by
+kind from those rows: what ``ledger.alerts`` unnests), the database's
 risks to the ledger (``ledger.db_risks``) and the schedulers' rows
 (``ledger.schedulers``), in one read-only transaction as
 ``ledger_reader`` (see :func:`ledger.readonly.read_only_transaction`), and
@@ -80,6 +81,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -140,6 +142,7 @@ class JobRow:
     longest_success_seconds: float | None
     last_success_seconds: float | None
     failure_ratio: float | None
+    alerts: list[str] = field(default_factory=list)  # the kinds of ledger.alerts it raises
 
 
 @dataclass(frozen=True)
@@ -178,13 +181,13 @@ def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TI
     """
     with read_only_transaction(conn, timeout) as cur:
         jobs = [JobRow(*row) for row in cur.execute(queries.METRIC_JOBS, prepare=False).fetchall()]
-        return _read_rest(cur, jobs, audit)
+        # the alerts by kind from the same rows (each job's kinds: what ledger.alerts unnests)
+        return _read_rest(cur, jobs, dict(Counter(kind for job in jobs for kind in job.alerts)), audit)
 
 
-def _read_rest(cur: psycopg.Cursor[Any], jobs: list[JobRow], audit: bool) -> Snapshot:
+def _read_rest(cur: psycopg.Cursor[Any], jobs: list[JobRow], alerts: dict[str, int], audit: bool) -> Snapshot:
     """What a scrape reads besides the state rows (a few rows, whatever the number of jobs)."""
     differences = duplicates = None
-    alerts = {str(r[0]): int(r[1]) for r in cur.execute(queries.ALERT_COUNTS, prepare=False).fetchall()}
     cur.execute(queries.DB_RISKS, prepare=False)
     names = [column.name for column in cur.description or []]
     risks = [DbRisk(**dict(zip(names, row))) for row in cur.fetchall()]
@@ -304,7 +307,8 @@ def _sql_concat(pieces: list[str | Col]) -> str:
 
 
 def _job_text_query() -> str:
-    """One row: each of :data:`JOB_FAMILIES`' sample lines, written by PostgreSQL, as UTF-8 bytes.
+    """One row: each of :data:`JOB_FAMILIES`' sample lines, written by PostgreSQL, as UTF-8 bytes,
+    and last the alerts by kind (``{kind: count}``, counted from the same rows).
 
     Generated here from the family table rather than written out in ``ledger.queries``: it is
     the table's second writer, and must change with it. It reads ``queries.METRIC_JOBS`` (one
@@ -438,9 +442,10 @@ def read_text(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TIMEOU
     with read_only_transaction(conn, timeout) as cur:
         # float8's shortest exact text, whatever the session's setting (0 would round)
         cur.execute(queries.EXTRA_FLOAT_DIGITS, prepare=False)
-        bodies = cur.execute(JOB_TEXT, prepare=False, binary=True).fetchone()
-        rest = _read_rest(cur, [], audit)
-    assert bodies is not None  # an aggregate without GROUP BY: always one row
+        found = cur.execute(JOB_TEXT, prepare=False, binary=True).fetchone()
+        assert found is not None  # an aggregate without GROUP BY: always one row
+        *bodies, alerts = found
+        rest = _read_rest(cur, [], {str(kind): int(n) for kind, n in alerts.items()}, audit)
     out = [part for (name, kind, documentation, _, _), body in zip(JOB_FAMILIES, bodies)
            for part in (_header(name, kind, documentation).encode(), bytes(body))]
     out.append(text(_other_samples(rest)))

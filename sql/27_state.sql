@@ -580,25 +580,38 @@ SELECT c.job,
            ELSE 'ok'
        END                                                                AS reason,
        m.missed_slots, m.missed_slots_capped,
-       -- ledger.ttl_advice's verdict (the alerts' ttl_too_short): no advice
-       -- before ledger._advice_min_runs() successes
        CASE WHEN c.successes >= ledger._advice_min_runs() THEN c.longest_success END AS advice_longest,
-       CASE
-           WHEN coalesce(j.ttl, l.ttl) IS NULL OR c.successes < ledger._advice_min_runs()
-                OR c.longest_success IS NULL THEN 'no_data'
-           WHEN coalesce(j.ttl, l.ttl) < greatest(c.longest_success * 1.5, ledger._advice_min_ttl()) THEN 'too_short'
-           WHEN coalesce(j.ttl, l.ttl) > greatest(c.longest_success * 2, ledger._advice_min_ttl()) THEN 'too_long'
-           ELSE 'ok'
-       END                                                                AS ttl_verdict,
+       v.ttl_verdict,
        c.skipped_deadline,
        c.skipped_pool_full,
-       j.pool::text                                                       AS pool
+       j.pool::text                                                       AS pool,
+       -- The kinds of ledger.alerts the job raises now, in its order (none:
+       -- '{}'): the one definition of which alerts a job has. ledger.alerts
+       -- unnests it; the metrics scrape counts it, in the pass that writes
+       -- the job's lines. The problems that are no state: long_running (a
+       -- live run not overrun, over twice the longest success), too_fast
+       -- (the newest success under min_runtime), overlap (overlap_run_id)
+       -- and ttl_too_short (ledger.ttl_advice's verdict).
+       array_remove(ARRAY[
+           CASE WHEN s.state IN ('crashed', 'overrun', 'down', 'late', 'failing')
+                     OR (s.state = 'paused' AND j.pause_reason = 'failures') THEN s.state END,
+           CASE WHEN s.live AND s.state <> 'overrun' AND n.at - c.running_started_at > c.longest_success * 2
+                THEN 'long_running' END,
+           CASE WHEN c.last_success_at - c.last_success_started_at < j.min_runtime THEN 'too_fast' END,
+           CASE WHEN c.overlap_run_id IS NOT NULL THEN 'overlap' END,
+           CASE WHEN v.ttl_verdict = 'too_short' THEN 'ttl_too_short' END], NULL) AS alerts
   FROM ledger.counters c
   LEFT JOIN ledger.jobs j ON j.job = c.job
   LEFT JOIN ledger.leases l ON l.job = c.job
   -- skips not yet folded into the state row (ledger.skip_counts)
   LEFT JOIN (SELECT k.job, sum(k.skipped_overlap) AS pending FROM ledger.skip_counts k GROUP BY k.job) sk
          ON sk.job = c.job
+  -- the last expiry of the schedulers that serve it (none: NULL), joined
+  -- rather than a subquery per job (a read of every job cost a quarter more)
+  LEFT JOIN (SELECT sj.job, max(x.expires_at) AS expires_at
+               FROM ledger.scheduler_jobs sj JOIN ledger.schedulers x ON x.scheduler = sj.scheduler
+              GROUP BY sj.job) sv
+         ON sv.job = c.job
  CROSS JOIN LATERAL (SELECT ledger._view_now() AS at) n
  -- The state, worked out once per row (OFFSET 0 keeps the planner from
  -- copying its expression into every column that reads it; a lateral
@@ -623,9 +636,7 @@ SELECT c.job,
                       coalesce(j.late_after, greatest(coalesce(j.ttl, l.ttl, interval '1 minute'), interval '1 minute'))
                           AS grace,
                       -- served by schedulers that all expired: since the last expiry
-                      (SELECT CASE WHEN bool_or(x.expires_at > n.at) THEN NULL ELSE max(x.expires_at) END
-                         FROM ledger.scheduler_jobs sj JOIN ledger.schedulers x ON x.scheduler = sj.scheduler
-                        WHERE sj.job = c.job) AS unserved_since) d
+                      CASE WHEN sv.expires_at > n.at THEN NULL ELSE sv.expires_at END AS unserved_since) d
        OFFSET 0) s
  -- The slots missed since the newest done (or the registration): counted
  -- by arithmetic for an interval of fixed length (its slots are whole
@@ -649,6 +660,18 @@ SELECT c.job,
               END AS missed_slots,
               coalesce(j.schedule IS NOT NULL AND c.next_due <= n.at - s.grace
                        AND NOT ((j.schedule_spec).kind = 'interval' AND (j.schedule_spec).every_months = 0
-                                AND (j.schedule_spec).every_days = 0), false) AS missed_slots_capped) m;
+                                AND (j.schedule_spec).every_days = 0), false) AS missed_slots_capped) m
+ -- ledger.ttl_advice's verdict (the alerts' ttl_too_short): no advice
+ -- before ledger._advice_min_runs() successes
+ CROSS JOIN LATERAL (
+       SELECT CASE
+                  WHEN coalesce(j.ttl, l.ttl) IS NULL OR c.successes < ledger._advice_min_runs()
+                       OR c.longest_success IS NULL THEN 'no_data'
+                  WHEN coalesce(j.ttl, l.ttl) < greatest(c.longest_success * 1.5, ledger._advice_min_ttl())
+                  THEN 'too_short'
+                  WHEN coalesce(j.ttl, l.ttl) > greatest(c.longest_success * 2, ledger._advice_min_ttl())
+                  THEN 'too_long'
+                  ELSE 'ok'
+              END AS ttl_verdict) v;
 COMMENT ON VIEW ledger._job_state IS
     'Internal: every known job with its state (the one state machine: ledger.job_status, job_health, alerts, ttl_advice read it)';

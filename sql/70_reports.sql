@@ -114,46 +114,38 @@ SELECT s.job,
 COMMENT ON VIEW ledger.job_health IS
     'One state per known job (crashed, overrun, paused, running, down, late, failing, never_run, ok), since when, why';
 
--- One row per live problem, at most one per job and cause: the job's state
--- when it is trouble (crashed, overrun, down, late, failing, or paused by
--- pause_after_failures), with its reason and since; and the problems that
--- are no state: long_running (a live run not overrun, over twice the
--- longest success), too_fast (the newest success under min_runtime),
--- overlap (the state row's overlap_run_id: O(1) per job; ledger.overlaps
--- lists every pair, over the whole log) and ttl_too_short. One pass over
--- the jobs' state (ledger._job_state), never the log.
--- One scan of the jobs: each job's candidate alerts in arrays (their
--- expressions compiled once; a VALUES list here would compile them for
--- every job), unnested, the absent ones left out.
+-- One row per live problem, at most one per job and cause: the kinds the
+-- job's state row says it raises (ledger._job_state.alerts, the one
+-- definition of which alerts a job has: the job's state when it is trouble,
+-- crashed, overrun, down, late, failing, or paused by pause_after_failures,
+-- with its reason and since; long_running, too_fast, overlap and
+-- ttl_too_short), each with its run, message and since. One pass over the
+-- jobs' state, never the log (but for an overlap's start); the message of a
+-- kind is written only for the jobs that raise it.
 CREATE VIEW ledger.alerts AS
-SELECT a.alert, s.job, a.run_id, a.message, a.since
+SELECT a.alert, s.job,
+       CASE a.alert WHEN 'crashed' THEN s.running_run_id WHEN 'overrun' THEN s.running_run_id
+                    WHEN 'long_running' THEN s.running_run_id WHEN 'overlap' THEN s.overlap_run_id END AS run_id,
+       CASE a.alert
+           WHEN 'long_running' THEN format('running for %s, over twice its longest successful run (%s)',
+                                           date_trunc('second', s.running_for), date_trunc('second', s.longest_success))
+           WHEN 'too_fast' THEN format('the last success took %s, under its min_runtime %s',
+                                       s.last_success_at - s.last_success_started_at, s.min_runtime)
+           WHEN 'overlap' THEN format('run %s started before an earlier run of the job ended '
+                                      '(ledger.overlaps lists the pairs)', s.overlap_run_id)
+           WHEN 'ttl_too_short' THEN format('ttl %s is under 1.5 times the longest successful run (%s)',
+                                            s.ttl, s.advice_longest)
+           ELSE s.reason
+       END AS message,
+       CASE a.alert
+           WHEN 'long_running' THEN s.running_started_at
+           WHEN 'too_fast' THEN s.last_success_at
+           WHEN 'overlap' THEN (SELECT r.started_at FROM ledger.job_execution_log r WHERE r.run_id = s.overlap_run_id)
+           WHEN 'ttl_too_short' THEN NULL::timestamptz
+           ELSE s.since
+       END AS since
   FROM ledger._job_state s
- CROSS JOIN LATERAL unnest(
-       ARRAY[CASE WHEN s.state IN ('crashed', 'overrun', 'down', 'late', 'failing')
-                       OR (s.state = 'paused' AND s.pause_reason = 'failures') THEN s.state END,
-             CASE WHEN s.live AND s.state <> 'overrun' AND s.running_for > s.longest_success * 2 THEN 'long_running' END,
-             CASE WHEN s.last_success_at - s.last_success_started_at < s.min_runtime THEN 'too_fast' END,
-             CASE WHEN s.overlap_run_id IS NOT NULL THEN 'overlap' END,
-             CASE WHEN s.ttl_verdict = 'too_short' THEN 'ttl_too_short' END],
-       ARRAY[CASE WHEN s.state IN ('crashed', 'overrun') THEN s.running_run_id END, s.running_run_id, NULL::bigint,
-             s.overlap_run_id, NULL::bigint],
-       ARRAY[CASE WHEN s.state IN ('crashed', 'overrun', 'down', 'late', 'failing', 'paused') THEN s.reason END,
-             CASE WHEN s.live AND s.running_for > s.longest_success * 2
-                  THEN format('running for %s, over twice its longest successful run (%s)',
-                              date_trunc('second', s.running_for), date_trunc('second', s.longest_success)) END,
-             CASE WHEN s.last_success_at - s.last_success_started_at < s.min_runtime
-                  THEN format('the last success took %s, under its min_runtime %s',
-                              s.last_success_at - s.last_success_started_at, s.min_runtime) END,
-             CASE WHEN s.overlap_run_id IS NOT NULL
-                  THEN format('run %s started before an earlier run of the job ended (ledger.overlaps lists the pairs)',
-                              s.overlap_run_id) END,
-             CASE WHEN s.ttl_verdict = 'too_short'
-                  THEN format('ttl %s is under 1.5 times the longest successful run (%s)', s.ttl, s.advice_longest) END],
-       ARRAY[s.since, s.running_started_at, s.last_success_at,
-             CASE WHEN s.overlap_run_id IS NOT NULL
-                  THEN (SELECT r.started_at FROM ledger.job_execution_log r WHERE r.run_id = s.overlap_run_id) END,
-             NULL::timestamptz]) AS a(alert, run_id, message, since)
- WHERE a.alert IS NOT NULL;
+ CROSS JOIN LATERAL unnest(s.alerts) AS a(alert);
 COMMENT ON VIEW ledger.alerts IS
     'One row per live problem, one per job and cause: crashed, overrun, down, late, failing, paused (by failures), '
     'long_running, too_fast, overlap, ttl_too_short';

@@ -239,9 +239,16 @@ def now(cur: psycopg.Cursor[Any]) -> datetime:
     return value
 
 
-def jobs(cur: psycopg.Cursor[Any], name: str | None) -> list[JobStatus]:
-    """Every job whose name contains ``name`` (any case; None: every job), by name."""
-    return [_job_status(row) for row in _rows(cur, queries.WEB_JOBS, {"name": name or None})]
+def job_counts(cur: psycopg.Cursor[Any], name: str | None) -> dict[str, int]:
+    """The jobs whose name contains ``name`` (any case; None: every job), per state."""
+    return {row["state"]: row["jobs"] for row in _rows(cur, queries.WEB_JOB_COUNTS, {"name": name or None})}
+
+
+def jobs(cur: psycopg.Cursor[Any], name: str | None, state: str | None, limit: int, offset: int) -> list[JobStatus]:
+    """The jobs whose name contains ``name`` (any case; None: every job) in ``state`` (None: any),
+    by name: ``limit`` of them after the first ``offset``."""
+    return [_job_status(row) for row in _rows(cur, queries.WEB_JOBS, {"name": name or None, "state": state,
+                                                                       "limit": limit, "offset": offset})]
 
 
 def job(cur: psycopg.Cursor[Any], job: str) -> JobStatus | None:
