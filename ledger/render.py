@@ -195,7 +195,7 @@ def status_table(statuses: Sequence[JobStatus], alerts: Iterable[Mapping[str, An
     pools = any(row.pool is not None or _count(row.skipped_pool_full) for row in statuses)
     if pools:
         table.add_column("pool", max_width=20)
-    counters = ("fails", "runs", "ok", "failed", "skipped", "lost") if wide else ("fails",)
+    counters: tuple[str, ...] = ("fails", "runs", "ok", "failed", "skipped", "lost") if wide else ("fails",)
     if pools and wide:
         counters += ("pool full",)
     for name in counters:
