@@ -15,12 +15,13 @@ from ledger.errors import (
     LeaseSuperseded,
     LedgerError,
     LedgerUnavailable,
+    PoolNotFound,
     RunNotFound,
     RunNotRunning,
     StaleToken,
 )
 from ledger.identity import default_owner
-from ledger.models import Event, EventSettings, Job, JobStatus, Lease, Run, RunStart
+from ledger.models import Event, EventSettings, Job, JobStatus, Lease, Pool, PoolStatus, Run, RunStart
 from ledger.scheduler.serve import ServedJob, job, serve, serve_async
 
 __all__ = [
@@ -43,6 +44,9 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "LedgerUnavailable",
+    "Pool",
+    "PoolNotFound",
+    "PoolStatus",
     "Run",
     "RunContext",
     "RunNotFound",

@@ -86,7 +86,7 @@ from ledger.errors import (LeaseLost, LeaseSuperseded, LedgerError, LedgerUnavai
                            StaleToken, translated)
 from ledger.heartbeat import Deadline, LeaseState, OnLost, Renewal, beat_interval, retry_or_lose, seconds
 from ledger.identity import default_owner
-from ledger.models import EventSettings, Job, JobStatus, Lease, Run, RunStart
+from ledger.models import EventSettings, Job, JobStatus, Lease, Pool, PoolStatus, Run, RunStart
 from ledger.text import first_line
 from ledger.watchdog import Watchdog
 
@@ -601,7 +601,9 @@ class RunContext(_Holding):
 
     ``started`` is False when the ledger did not start the run (``outcome`` says
     why: ``skipped_overlap`` with ``holder``/``holder_expires_at``,
-    ``already_done``, ``paused``, ``nothing_due``); the body should return.
+    ``skipped_pool_full`` (the job's pool has as many live leases as its
+    size: no token, counted in ``skipped_pool_full``), ``already_done``,
+    ``paused``, ``nothing_due``); the body should return.
     That is not an error: nothing is logged as failed.
 
     On exit: normal exit completes the run; an Exception fails it with the
@@ -1088,7 +1090,7 @@ class Ledger:
         Use each with ``with run:`` so that an exception fails it. Each
         run is started before it is yielded (its heartbeat runs). The loop ends
         when ``start_due_run`` answers anything but ``started``
-        (``nothing_due``, ``skipped_overlap``, ``paused``), and after a run
+        (``nothing_due``, ``skipped_overlap``, ``skipped_pool_full``, ``paused``), and after a run
         that did not end in success, so a failing slot is retried on the next
         call, not in a tight loop. A run the loop body left open is completed
         when the loop moves on, and cancelled when the loop is abandoned.
@@ -1126,7 +1128,7 @@ class Ledger:
     # -- the SQL API, one method per function -------------------------------------
 
     def acquire(self, job: str, ttl: timedelta | None = None, *, owner: str | None = None) -> Lease | None:
-        """``ledger.acquire``: the lease, or None when another owner holds it."""
+        """``ledger.acquire``: the lease, or None when another owner holds it (or the job's pool is full)."""
         rows = self._call(queries.ACQUIRE, {"job": job, "owner": owner or self.owner, "ttl": ttl}, dict_row)
         return Lease(**split_time_left(rows[0])[0]) if rows else None
 
@@ -1198,7 +1200,8 @@ class Ledger:
                      late_after: timedelta | None = None, down_after: timedelta | None = None,
                      min_runtime: timedelta | None = None, max_runtime: timedelta | None = None,
                      pause_after_failures: int | None = None, jitter: timedelta | None = None,
-                     start_deadline: timedelta | None = None, overlap_policy: str | None = None) -> Job:
+                     start_deadline: timedelta | None = None, overlap_policy: str | None = None,
+                     pool: str | None = None) -> Job:
         """Register ``job``, or change the options given of a registered job.
 
         An option left None keeps what the job has (a first registration: no
@@ -1208,13 +1211,15 @@ class Ledger:
         slot starts at an offset in [0, jitter), the same on every host;
         ``start_deadline``: a slot not started within it after its due time is
         skipped, never run late; ``overlap_policy``: ``catch_up``, ``skip``,
-        ``buffer_one`` or ``replace`` (docs/contract.md, "The scheduler").
+        ``buffer_one`` or ``replace`` (docs/contract.md, "The scheduler");
+        ``pool``: the registered pool the job joins (PoolNotFound when there is
+        none of that name), ``""`` takes it out of its pool.
         """
         params = {"job": job, "schedule": schedule, "ttl": ttl, "max_backfill": max_backfill,
                   "time_zone": time_zone, "late_after": late_after, "down_after": down_after,
                   "min_runtime": min_runtime, "max_runtime": max_runtime,
                   "pause_after_failures": pause_after_failures, "jitter": jitter,
-                  "start_deadline": start_deadline, "overlap_policy": overlap_policy}
+                  "start_deadline": start_deadline, "overlap_policy": overlap_policy, "pool": pool}
         return self._call(queries.REGISTER_JOB, params, class_row(Job))[0]
 
     def unregister_job(self, job: str, *, with_history: bool = False) -> bool:
@@ -1259,6 +1264,32 @@ class Ledger:
     def unprotect(self, table: str) -> bool:
         """``ledger.unprotect``: the table takes any write again; False when it was not protected."""
         return bool(self._call(queries.UNPROTECT, {"table": table}, scalar_row)[0])
+
+    def register_pool(self, pool: str, size: int) -> Pool:
+        """``ledger.register_pool``: create ``pool`` (at most ``size`` live leases of its jobs at once,
+        whichever jobs they are), or change its size; the pool's row. A smaller size stops nothing
+        that runs: no start is admitted until the live leases are fewer."""
+        return self._call(queries.REGISTER_POOL, {"pool": pool, "size": size}, class_row(Pool))[0]
+
+    def resize_pool(self, pool: str, size: int) -> Pool:
+        """``ledger.resize_pool``: the size of a registered pool (PoolNotFound otherwise); the pool's row."""
+        return self._call(queries.RESIZE_POOL, {"pool": pool, "size": size}, class_row(Pool))[0]
+
+    def drop_pool(self, pool: str, *, detach: bool = False) -> bool:
+        """``ledger.drop_pool``: False when there is no such pool. While jobs belong to it, refused
+        (psycopg's DependentObjectsStillExist, 2BP01, its DETAIL naming the jobs) unless ``detach``,
+        which takes them out of it first."""
+        return bool(self._call(queries.DROP_POOL, {"pool": pool, "detach": detach}, scalar_row)[0])
+
+    def pool_status(self, pool: str) -> PoolStatus | None:
+        """The pool's row of the ``ledger.pool_status`` view: size, used, running, jobs, waiting,
+        skipped_pool_full."""
+        rows = self._call(queries.POOL_STATUS, {"pool": pool}, class_row(PoolStatus))
+        return rows[0] if rows else None
+
+    def pool_statuses(self) -> list[PoolStatus]:
+        """Every row of the ``ledger.pool_status`` view, by pool."""
+        return self._call(queries.POOL_STATUSES, {}, class_row(PoolStatus))
 
     def due_slots(self, job: str, at: datetime | None = None) -> list[datetime]:
         return list(self._call(queries.DUE_SLOTS, {"job": job, "at": at}, scalar_row))

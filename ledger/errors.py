@@ -104,6 +104,16 @@ class FenceNotCommitted(LedgerError):
         self.run = run
 
 
+class PoolNotFound(LedgerError):
+    """LD008: a pool that was never registered (``resize_pool``, ``register_job``'s ``pool``).
+
+    DETAIL facts: ``pool`` (the name given), ``argument`` (the argument that named it).
+    ``register_pool`` creates one.
+    """
+
+    sqlstate = "LD008"
+
+
 class InvalidArgument(LedgerError, ValueError):
     """22004 (a required argument is NULL) or 22023 (an invalid value)."""
 
@@ -118,6 +128,7 @@ ERRORS: dict[str, type[LedgerError]] = {
     "LD005": JobNotFound,
     "LD006": FenceOfAnotherJob,
     "LD007": FenceNotCommitted,
+    "LD008": PoolNotFound,
     "22004": InvalidArgument,
     "22023": InvalidArgument,
 }

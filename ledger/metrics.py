@@ -27,6 +27,7 @@ Metrics (labels in braces):
   that found another owner's live lease: ``job_status.skipped_overlap``) or
   ``backfill_limit`` (slots the catch-up bound dropped, the reason
   ``ledger.skipped_slots`` records them with: ``job_status.skipped_backfill``)
+  or ``pool_full`` (a start the job's full pool refused: ``job_status.skipped_pool_full``)
   (counter).
 - ``jobledger_leases_lost_total{job}``: runs closed because their lease
   expired or was superseded (counter).
@@ -63,6 +64,10 @@ Metrics (labels in braces):
   last heartbeat; ``jobledger_scheduler_jobs{scheduler}``: the jobs it serves;
   ``jobledger_upkeep_leader{scheduler}``: 1 for the one that holds the upkeep
   lease now (none when no one does).
+- ``jobledger_pool_size{pool}``, ``jobledger_pool_used{pool}`` (live leases; a start is skipped while
+  used >= size), ``jobledger_pool_running{pool}``, ``jobledger_pool_jobs{pool}`` and
+  ``jobledger_pool_waiting{pool}`` (jobs a scheduler keeps waiting a place): each row of
+  ``ledger.pool_status``.
 - With ``audit`` (``jobledger metrics --audit``), the two audits, which read
   the log rather than the state rows: ``jobledger_state_differences``, the
   jobs whose stored state differs from the log's (``ledger.verify_state``),
@@ -103,6 +108,7 @@ __all__ = [
     "JobRow",
     "LedgerCollector",
     "MetricsServer",
+    "PoolRow",
     "SchedulerRow",
     "Snapshot",
     "exposition",
@@ -135,6 +141,7 @@ class JobRow:
     failures: int
     skipped_overlap: int
     skipped_backfill: int
+    skipped_pool_full: int
     leases_lost: int
     running: int
     ttl_seconds: float | None
@@ -158,6 +165,18 @@ class SchedulerRow:
 
 
 @dataclass(frozen=True)
+class PoolRow:
+    """A row of ``queries.METRIC_POOLS``: a pool's row of ``ledger.pool_status``."""
+
+    pool: str
+    size: int
+    used: int
+    running: int
+    jobs: int
+    waiting: int
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What one scrape read, in one transaction (so the numbers agree with each other).
 
@@ -169,6 +188,7 @@ class Snapshot:
     duplicates: int | None = None
     risks: list[DbRisk] = field(default_factory=list)
     schedulers: list[SchedulerRow] = field(default_factory=list)
+    pools: list[PoolRow] = field(default_factory=list)
 
 
 def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TIMEOUT, *,
@@ -192,10 +212,11 @@ def _read_rest(cur: psycopg.Cursor[Any], jobs: list[JobRow], alerts: dict[str, i
     names = [column.name for column in cur.description or []]
     risks = [DbRisk(**dict(zip(names, row))) for row in cur.fetchall()]
     schedulers = [SchedulerRow(*row) for row in cur.execute(queries.METRIC_SCHEDULERS, prepare=False).fetchall()]
+    pools = [PoolRow(*row) for row in cur.execute(queries.METRIC_POOLS, prepare=False).fetchall()]
     if audit:
         differences = _count(cur.execute(queries.STATE_DIFFERENCES, prepare=False).fetchone())
         duplicates = _count(cur.execute(queries.DUPLICATE_COUNT, prepare=False).fetchone())
-    return Snapshot(jobs, alerts, differences, duplicates, risks, schedulers)
+    return Snapshot(jobs, alerts, differences, duplicates, risks, schedulers, pools)
 
 
 def _count(row: tuple[Any, ...] | None) -> int:
@@ -235,8 +256,10 @@ JOB_FAMILIES: tuple[JobFamily, ...] = (
      (((_JOB, "success"), Col("successes")), ((_JOB, "failure"), Col("failures")))),
     ("jobledger_runs_running", "gauge", "1 while a run of the job is live", ("job",), (((_JOB,), Col("running")),)),
     ("jobledger_skipped", "counter", "Skips: starts that met another owner's lease (overlap), "
-     "slots dropped by the catch-up bound (backfill_limit)", ("job", "reason"),
-     (((_JOB, "overlap"), Col("skipped_overlap")), ((_JOB, "backfill_limit"), Col("skipped_backfill")))),
+     "slots dropped by the catch-up bound (backfill_limit), starts the job's full pool refused (pool_full)",
+     ("job", "reason"),
+     (((_JOB, "overlap"), Col("skipped_overlap")), ((_JOB, "backfill_limit"), Col("skipped_backfill")),
+      ((_JOB, "pool_full"), Col("skipped_pool_full")))),
     ("jobledger_leases_lost", "counter", "Runs closed because their lease expired or was superseded", ("job",),
      (((_JOB,), Col("leases_lost")),)),
     ("jobledger_run_duration_seconds", "gauge", "The longest successful run (quantile 1)", ("job", "quantile"),
@@ -359,7 +382,8 @@ def _other_samples(snapshot: Snapshot) -> list[Family]:
         out.append(("jobledger_duplicates", "gauge", "Slots and idempotency keys that succeeded twice, over each "
                     "job's newest 1,000 successes (ledger.duplicates; always 0 when the ledger holds)", (),
                     [((), snapshot.duplicates)]))
-    return out + _risk_samples(snapshot.risks) + _scheduler_samples(snapshot.schedulers)
+    return (out + _risk_samples(snapshot.risks) + _scheduler_samples(snapshot.schedulers)
+            + _pool_samples(snapshot.pools))
 
 
 def _risk_samples(risks: Iterable[DbRisk]) -> list[Family]:
@@ -411,6 +435,24 @@ def _scheduler_samples(rows: Iterable[SchedulerRow]) -> list[Family]:
          [((row.scheduler,), row.jobs) for row in found]),
         ("jobledger_upkeep_leader", "gauge", "1 for the scheduler that runs the ledger's upkeep now",
          ("scheduler",), [((row.scheduler,), 1) for row in found if row.leader]),
+    ]
+
+
+def _pool_samples(rows: Iterable[PoolRow]) -> list[Family]:
+    """The families of ``ledger.pool_status``' rows (one per pool). ``used / size`` is how full a pool
+    is; at 1 a start of its jobs is skipped (``jobledger_skipped_total{reason="pool_full"}``)."""
+    found = list(rows)
+    return [
+        ("jobledger_pool_size", "gauge", "The pool's size: at most this many live leases of its jobs at once",
+         ("pool",), [((row.pool,), row.size) for row in found]),
+        ("jobledger_pool_used", "gauge", "The pool's live leases (a start is skipped while used >= size)",
+         ("pool",), [((row.pool,), row.used) for row in found]),
+        ("jobledger_pool_running", "gauge", "The running runs of the pool's jobs", ("pool",),
+         [((row.pool,), row.running) for row in found]),
+        ("jobledger_pool_jobs", "gauge", "The jobs that belong to the pool", ("pool",),
+         [((row.pool,), row.jobs) for row in found]),
+        ("jobledger_pool_waiting", "gauge", "The pool's jobs a scheduler found it full for, waiting a place",
+         ("pool",), [((row.pool,), row.waiting) for row in found]),
     ]
 
 

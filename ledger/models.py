@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 
-Outcome = Literal["started", "skipped_overlap", "already_done", "paused", "nothing_due"]
+Outcome = Literal["started", "skipped_overlap", "already_done", "paused", "nothing_due", "skipped_pool_full"]
 Status = Literal["running", "success", "failure"]
 FailureReason = Literal["error", "lease_expired", "superseded", "cancelled"]
 EventKind = Literal["run_started", "run_ended", "run_lost", "run_cancelled", "cancel_requested",
@@ -93,6 +93,7 @@ class Job:
     start_deadline: timedelta | None = None  # a slot not started within this is skipped
     overlap_policy: str = "catch_up"  # catch_up, skip, buffer_one, replace
     defined_by: str | None = None  # the jobs file (ledger.sync_jobs source) that defined it last
+    pool: str | None = None  # the pool it belongs to (ledger.pools), None: none
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,44 @@ class JobStatus:
     #: late, failing, never_run or ok.
     state: str | None
     skipped_deadline: int | None = None  # slots skipped by their start_deadline
+    skipped_pool_full: int | None = None  # starts skipped because the job's pool was full
+    pool: str | None = None  # the pool the job belongs to (ledger.pools), None: none
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A row of ``ledger.pools``: a registered pool (what ``register_pool``/``resize_pool`` return).
+
+    ``size``: at most that many live leases of its jobs at once; ``admitted_at``:
+    the last start it admitted (None: none yet).
+    """
+
+    pool: str
+    size: int
+    created_at: datetime
+    updated_at: datetime
+    admitted_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """A row of the ``ledger.pool_status`` view: a pool, its limit and what uses it.
+
+    ``used``: its live leases (what ``size`` limits); ``running``: its running
+    runs; ``jobs``: the jobs in it; ``waiting``: the jobs a scheduler found the
+    pool full for, waiting a place; ``skipped_pool_full``: the starts it
+    refused, summed over its jobs.
+    """
+
+    pool: str
+    size: int
+    used: int
+    running: int
+    jobs: int
+    waiting: int
+    skipped_pool_full: int
+    created_at: datetime
+    updated_at: datetime
 
 
 @dataclass(frozen=True)

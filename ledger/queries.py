@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from ledger.models import DbRisk, Event, EventSettings, Job, JobStatus, Run
+from ledger.models import DbRisk, Event, EventSettings, Job, JobStatus, Pool, PoolStatus, Run
 
 
 def _columns(row: type, alias: str) -> str:
@@ -32,6 +32,8 @@ JOB_STATUS_COLUMNS = _columns(JobStatus, "js")
 EVENT_COLUMNS = _columns(Event, "e")
 EVENT_SETTINGS_COLUMNS = _columns(EventSettings, "s")
 DB_RISK_COLUMNS = _columns(DbRisk, "r")
+POOL_COLUMNS = _columns(Pool, "p")
+POOL_STATUS_COLUMNS = _columns(PoolStatus, "ps")
 
 # -- leases -----------------------------------------------------------------
 
@@ -140,7 +142,8 @@ SELECT {JOB_COLUMNS}
                            late_after => %(late_after)s, down_after => %(down_after)s,
                            min_runtime => %(min_runtime)s, max_runtime => %(max_runtime)s,
                            pause_after_failures => %(pause_after_failures)s, jitter => %(jitter)s,
-                           start_deadline => %(start_deadline)s, overlap_policy => %(overlap_policy)s) AS j
+                           start_deadline => %(start_deadline)s, overlap_policy => %(overlap_policy)s,
+                           pool => %(pool)s) AS j
 """
 
 PAUSE_JOB = "SELECT ledger.pause_job(job => %(job)s)"
@@ -172,6 +175,26 @@ PROTECTED_TABLES = """
 SELECT p.table_name::text AS table_name, p.job, p.resource, p.mode, p.enabled
   FROM ledger.protected_tables AS p
  ORDER BY p.job, p.table_name::text
+"""
+
+# Pools (sql/35_pools.sql): a limit of live leases shared by jobs. register_pool and resize_pool
+# answer the pool's row of ledger.pools; what uses it is its row of the pool_status view.
+REGISTER_POOL = f"SELECT {POOL_COLUMNS} FROM ledger.register_pool(pool => %(pool)s, size => %(size)s) AS p"
+
+RESIZE_POOL = f"SELECT {POOL_COLUMNS} FROM ledger.resize_pool(pool => %(pool)s, size => %(size)s) AS p"
+
+DROP_POOL = "SELECT ledger.drop_pool(pool => %(pool)s, detach => %(detach)s)"
+
+POOL_STATUSES = f"""
+SELECT {POOL_STATUS_COLUMNS}
+  FROM ledger.pool_status AS ps
+ ORDER BY ps.pool
+"""
+
+POOL_STATUS = f"""
+SELECT {POOL_STATUS_COLUMNS}
+  FROM ledger.pool_status AS ps
+ WHERE ps.pool = %(pool)s
 """
 
 DUE_SLOTS = "SELECT s FROM ledger.due_slots(job => %(job)s, at => %(at)s) AS s"
@@ -357,7 +380,7 @@ SELECT s.scheduler, s.host, s.pid, s.version,
 # is a live run (not a crashed one: that is its state).
 METRIC_JOBS = """
 SELECT s.job, s.state, s.consecutive_failures, s.runs_started, s.successes, s.failures, s.skipped_overlap,
-       s.skipped_backfill, s.leases_lost, CASE WHEN s.live THEN 1 ELSE 0 END AS running,
+       s.skipped_backfill, s.skipped_pool_full, s.leases_lost, CASE WHEN s.live THEN 1 ELSE 0 END AS running,
        extract(epoch FROM s.ttl)::float8 AS ttl_seconds,
        CASE WHEN s.live THEN extract(epoch FROM s.running_for)::float8 END AS running_seconds,
        extract(epoch FROM s.longest_success)::float8 AS longest_success_seconds,
@@ -377,6 +400,14 @@ SELECT s.scheduler, s.host, s.expires_at > n.at AS live, extract(epoch FROM n.at
  CROSS JOIN (SELECT ledger._view_now() AS at) AS n
   LEFT JOIN ledger.upkeep_leader AS u ON u.scheduler = s.scheduler
  ORDER BY s.scheduler
+"""
+
+# The pools for the metrics (ledger.pool_status, one row per pool): size, used (live leases), running,
+# jobs, waiting. The per-job count of the starts a full pool refused is METRIC_JOBS' skipped_pool_full.
+METRIC_POOLS = """
+SELECT ps.pool, ps.size, ps.used, ps.running, ps.jobs, ps.waiting
+  FROM ledger.pool_status AS ps
+ ORDER BY ps.pool
 """
 
 # The audits, read only when asked (`jobledger metrics --audit`): they read the log, not the
@@ -415,6 +446,14 @@ SELECT {DB_RISK_COLUMNS}
 
 # The database's clock: the tables show times relative to it (`status`, `runs`).
 DATABASE_NOW = "SELECT clock_timestamp()"
+
+# The job's pool and how full it is: `jobledger run`'s word on a start skipped_pool_full.
+JOB_POOL = """
+SELECT ps.pool, ps.size, ps.used
+  FROM ledger.jobs AS j
+  JOIN ledger.pool_status AS ps ON ps.pool = j.pool
+ WHERE j.job = %(job)s
+"""
 
 # Whether `jobledger run` loops over the due slots (start_due_run) or starts one run (start_run).
 # What `jobledger run` reads of the job once: whether it has a schedule, and its max_runtime.

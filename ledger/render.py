@@ -29,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ledger.durations import format_duration
-from ledger.models import EVENT_KINDS, Event, JobStatus
+from ledger.models import EVENT_KINDS, Event, JobStatus, PoolStatus
 from ledger.states import look
 from ledger.text import first_line, visible
 
@@ -191,7 +191,13 @@ def status_table(statuses: Sequence[JobStatus], alerts: Iterable[Mapping[str, An
     table.add_column("state", min_width=12)
     table.add_column("last run", min_width=9)
     table.add_column("next slot", min_width=7)
-    counters = ("fails", "runs", "ok", "failed", "skipped", "lost") if wide else ("fails",)
+    # A job's pool, and the starts its pool refused, only in a ledger that uses pools.
+    pools = any(row.pool is not None or _count(row.skipped_pool_full) for row in statuses)
+    if pools:
+        table.add_column("pool", max_width=20)
+    counters: tuple[str, ...] = ("fails", "runs", "ok", "failed", "skipped", "lost") if wide else ("fails",)
+    if pools and wide:
+        counters += ("pool full",)
     for name in counters:
         table.add_column(name, justify="right", no_wrap=True)
     for row in statuses:
@@ -203,12 +209,16 @@ def status_table(statuses: Sequence[JobStatus], alerts: Iterable[Mapping[str, An
         if row.last_started_at is not None:
             last.append(f"{' ' if wide else chr(10)}{relative(row.last_started_at, now)}", style="dim")
         fails = _count(row.consecutive_failures)
-        cells: list[Text | str] = [job, cell(schedule), _state(row), last, relative(row.next_slot, now),
-                                   Text(str(fails), style="bold red" if fails else "")]
+        cells: list[Text | str] = [job, cell(schedule), _state(row), last, relative(row.next_slot, now)]
+        if pools:
+            cells.append(cell(row.pool) if row.pool is not None else Text("-", style="dim"))
+        cells.append(Text(str(fails), style="bold red" if fails else ""))
         if wide:
             cells += [str(_count(row.runs_started)), str(_count(row.successes)), str(_count(row.failures)),
                       str(_count(row.skipped_overlap) + _count(row.skipped_backfill)),
                       str(_count(row.leases_lost))]
+            if pools:
+                cells.append(str(_count(row.skipped_pool_full)))
         table.add_row(*cells)
     return table
 
@@ -221,6 +231,24 @@ def alerts_table(alerts: Sequence[Mapping[str, Any]], now: datetime, title: str 
         table.add_row(cell(alert["alert"], style="bold red"), cell(alert["job"]),
                       "-" if alert["run_id"] is None else str(alert["run_id"]), cell(alert["message"]),
                       relative(alert["since"], now))
+    return table
+
+
+def pools_table(rows: Sequence[PoolStatus], now: datetime, title: str | None = "ledger.pool_status") -> Table:
+    """One row per pool: size, used (live leases; bold red when at its size: a start now is skipped),
+    running, jobs, waiting (jobs a scheduler keeps waiting a place), skipped_pool_full."""
+    table = Table(title=_title(title, "bold"), box=box.SIMPLE_HEAVY, title_justify="left",
+                  padding=(0, 1), pad_edge=False)
+    table.add_column("pool", overflow="fold")
+    for name in ("size", "used", "running", "jobs", "waiting", "pool full"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("updated", min_width=8)
+    for row in rows:
+        full = row.used >= row.size
+        table.add_row(cell(row.pool, style="bold"), str(row.size),
+                      Text(str(row.used), style="bold red" if full else ""), str(row.running), str(row.jobs),
+                      Text(str(row.waiting), style="yellow" if row.waiting else ""), str(row.skipped_pool_full),
+                      relative(row.updated_at, now))
     return table
 
 

@@ -87,7 +87,8 @@ EXIT_NOT_FOUND = 127
 
 EXIT_CODES: dict[str, str] = {
     "0": "CMD succeeded (every due slot, for a scheduled job); or nothing ran: nothing due, job paused, "
-         "or held by another owner (`skipped: held by ...`, see --skip-exit-code)",
+         "held by another owner (`skipped: held by ...`) or its pool full (`skipped: pool P of job J is "
+         "full ...`), see --skip-exit-code",
     "1-121": "CMD's own exit code: it failed, the run is recorded as failure with its stderr tail",
     "122": "CMD exited 0, but a fence it named (--fenced, LEDGER_FENCED_FILE) does not hold the run's token: "
            "its fenced write did not commit, and the run is recorded as failure (`fence not committed: ...`); "
@@ -517,6 +518,9 @@ class Wrapper:
             until = _local(run.holder_expires_at)
             self._say(f"skipped: held by {run.holder} until {until}")
             return self._options.skip_exit_code if ran == 0 else 0
+        if outcome == "skipped_pool_full":  # a skip as the one above, of the job's pool: no token was issued
+            self._say(f"skipped: {self._full_pool()}")
+            return self._options.skip_exit_code if ran == 0 else 0
         if outcome == "paused":
             self._say(f"paused: job {job} is paused (jobledger resume {job})")
         elif outcome == "already_done":
@@ -532,6 +536,15 @@ class Wrapper:
         elif self._options.verbose:  # nothing_due: the normal quiet end of a catch-up
             self._say(f"{'caught up' if ran else 'nothing due'}: job {job}")
         return 0
+
+    def _full_pool(self) -> str:
+        """``pool P of job J is full (U of S live leases)``, as far as this wrapper can ask."""
+        job = self._options.job
+        row = None if self._conn is None else self._conn.execute(queries.JOB_POOL, {"job": job}).fetchone()
+        if row is None:  # a scheduler's wrapper (no connection of its own), or the job left its pool since
+            return f"the pool of job {job} is full"
+        pool, size, used = row
+        return f"pool {pool} of job {job} is full ({used} of {size} live leases)"
 
     def _racing_holder(self, run: RunContext) -> str | None:
         """When another owner's live run holds the job: ``slot ... of job J is being run by O (lease until

@@ -13,6 +13,8 @@ group of commands:
 - ``ledger.cli.run``: ``run``, the wrapper (``ledger.wrapper``);
 - ``ledger.cli.scheduler``: ``scheduler`` (its ``check``, ``import-crontab``), ``trigger``
   (``ledger.scheduler``, its commands run by ``ledger.wrapper``);
+- ``ledger.cli.pools``: ``pool`` (``register``, ``resize``, ``drop``, ``list``) and ``pools``, a limit
+  shared by jobs (``ledger.pools``);
 - ``ledger.cli.protect``: ``protect``, ``unprotect``, a table's writes fenced (``ledger.protect``);
 - ``ledger.cli.report``: ``report`` (``ledger.report``);
 - ``ledger.cli.metrics``: ``metrics`` (``ledger.metrics``);
@@ -40,8 +42,8 @@ import sys
 import click
 
 from ledger import __version__
-from ledger.cli import (demo, events, install, jobs, metrics, notify, protect, report, risks, run, scheduler, status,
-                        verify, web)
+from ledger.cli import (demo, events, install, jobs, metrics, notify, pools, protect, report, risks, run, scheduler,
+                        status, verify, web)
 from ledger.cli import next as preview  # not `next`: the builtin
 from ledger.cli._output import Commands
 
@@ -66,7 +68,7 @@ def main() -> None:
         log.propagate = False
 
 
-for _module in (install, jobs, status, risks, preview, events, notify, run, scheduler, protect, report, metrics, web,
-                demo, verify):
+for _module in (install, jobs, status, risks, preview, events, notify, run, scheduler, pools, protect, report, metrics,
+                web, demo, verify):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -20,7 +20,7 @@ import click
 import psycopg
 
 from ledger import embedded, queries
-from ledger.errors import LedgerError, missing_ledger
+from ledger.errors import LedgerError, PoolNotFound, missing_ledger
 from ledger.text import first_line
 
 
@@ -86,6 +86,18 @@ def unknown_jobs(jobs: Sequence[str]) -> click.ClickException:
     what = "no job named" if len(jobs) == 1 else "no jobs named"
     return click.ClickException(f"{what} {names} in this ledger (`jobledger status` lists the jobs; "
                                 f"`jobledger register {jobs[0]}` creates one)")
+
+
+@contextmanager
+def registered_pool(pool: str) -> Iterator[None]:
+    """LD008 (a pool that was never registered) in one line (exit 1) that names the pool and the fix."""
+    try:
+        yield
+    except PoolNotFound as error:
+        name = error.facts.get("pool", pool)
+        raise click.ClickException(
+            f"pool not found: {name} was never registered: `jobledger pool register {name} SIZE` first "
+            "(`jobledger pools` lists the pools)") from error
 
 
 # -- stopping -------------------------------------------------------------------------

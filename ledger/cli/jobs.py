@@ -11,7 +11,7 @@ import click
 
 from ledger import render
 from ledger.cli._options import DURATION, Duration, connect, dsn_option, json_option
-from ledger.cli._output import plural
+from ledger.cli._output import plural, registered_pool
 from ledger.client import Ledger
 from ledger.durations import format_duration
 from ledger.errors import JobNotFound
@@ -49,20 +49,28 @@ OVERLAP_POLICIES = ("catch_up", "skip", "buffer_one", "replace")
 @click.option("--overlap-policy", type=click.Choice(OVERLAP_POLICIES), default=None,
               help="A slot due while a run is live: catch_up (runs after it; first default), skip, "
                    "buffer_one (the newest runs after it) or replace (the live run is superseded).")
+@click.option("--pool", default=None, metavar="NAME",
+              help="Put JOB in the registered pool NAME (`jobledger pool register`): its starts share the "
+                   "pool's limit; '' takes it out of its pool.")
+@click.option("--no-pool", is_flag=True, help="Take JOB out of its pool (as --pool '').")
 @json_option
 @dsn_option
 def register(job: str, schedule: str | None, ttl: timedelta | None, max_backfill: int | None,
              time_zone: str | None, late_after: timedelta | None, down_after: timedelta | None,
              min_runtime: timedelta | None, max_runtime: timedelta | None, pause_after_failures: int | None,
              jitter: timedelta | None, start_deadline: timedelta | None, overlap_policy: str | None,
-             as_json: bool, dsn: str) -> None:
+             pool: str | None, no_pool: bool, as_json: bool, dsn: str) -> None:
     """Register JOB, or change the options given of a registered JOB (the others stay as they are)."""
-    with connect(dsn) as conn:
+    if no_pool:
+        if pool:
+            raise click.UsageError("--no-pool takes JOB out of its pool: give it without --pool NAME")
+        pool = ""
+    with connect(dsn) as conn, registered_pool(pool or ""):
         registered = Ledger(conn).register_job(
             job, schedule=schedule, ttl=ttl, max_backfill=max_backfill, time_zone=time_zone,
             late_after=late_after, down_after=down_after, min_runtime=min_runtime, max_runtime=max_runtime,
             pause_after_failures=pause_after_failures, jitter=jitter, start_deadline=start_deadline,
-            overlap_policy=overlap_policy)
+            overlap_policy=overlap_policy, pool=pool)
     if as_json:
         click.echo(render.to_json(registered))
         return
@@ -77,6 +85,8 @@ def register(job: str, schedule: str | None, ttl: timedelta | None, max_backfill
         ("jitter", registered.jitter), ("start deadline", registered.start_deadline)) if value is not None]
     if registered.overlap_policy != "catch_up":
         bounds.append(f"overlap policy {registered.overlap_policy}")
+    if registered.pool is not None:
+        bounds.append(f"pool {registered.pool}")
     click.echo(f"registered {registered.job}: {what}, ttl {ttl_text}, max backfill {registered.max_backfill}"
                + "".join(f", {b}" for b in bounds)
                + (" (paused)" if registered.paused else ""))

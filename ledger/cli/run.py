@@ -81,7 +81,7 @@ class _RunCommand(click.Command):
               help="After SIGTERM (lease lost, or forwarded), wait this long before SIGKILL.")
 @click.option("--skip-exit-code", type=click.IntRange(0, 255), default=0, show_default=True,
               help="Exit code when another owner holds the job (`skipped: held by ...`, or `nothing due: slot "
-                   "... is being run by ...`).")
+                   "... is being run by ...`), or its pool is full (`skipped: pool P of job J is full ...`).")
 @click.option("--timeout", type=DURATION, default=None,
               help="Stop CMD once it has run this long (SIGTERM, SIGKILL after --grace): the run fails with "
                    "`timeout: ran longer than ...`, exit 123.")

@@ -114,7 +114,8 @@ def check(ctx: click.Context, file: str) -> None:
         say(str(error))
         ctx.exit(EXIT_REFUSED)
     count = len(loaded.jobs)
-    click.echo(f"{file}: {count} job{'' if count == 1 else 's'}, source {loaded.source!r}, "
+    pools = "".join(f", pool {name} size {size}" for name, size in sorted(loaded.pools.items()))
+    click.echo(f"{file}: {count} job{'' if count == 1 else 's'}{pools}, source {loaded.source!r}, "
                f"removed jobs are {'paused' if loaded.removed == 'pause' else 'unregistered'}: ok")
 
 

@@ -31,8 +31,8 @@ MIN_INTERVAL = timedelta(milliseconds=100)  # --watch never polls the database f
 @dsn_option
 def status(jobs: tuple[str, ...], watch: bool, interval: timedelta | None, as_json: bool, dsn: str) -> None:
     """The state at a glance: the `ledger.job_status` view, jobs with alerts in red,
-    then the live alerts (`ledger.alerts`), the protected tables (`jobledger protect`)
-    and the live schedulers (`jobledger schedulers`).
+    then the live alerts (`ledger.alerts`), the protected tables (`jobledger protect`),
+    the pools (`jobledger pools`) and the live schedulers (`jobledger schedulers`).
     `--watch` redraws it until Ctrl-C."""
     if interval is not None and not watch:
         raise click.UsageError("--interval goes with --watch")
@@ -62,7 +62,9 @@ def status(jobs: tuple[str, ...], watch: bool, interval: timedelta | None, as_js
 
 def _show(conn: psycopg.Connection[Any], jobs: tuple[str, ...], as_json: bool, frame: bool = False) -> None:
     """One status: the table and the alerts, or the JSON (one line when ``frame``: a watch's stream)."""
-    statuses = [render.with_counters(row) for row in Ledger(conn).job_statuses()]
+    ledger = Ledger(conn)
+    statuses = [render.with_counters(row) for row in ledger.job_statuses()]
+    pools = ledger.pool_statuses()
     alerts = lookups.alerts(conn)
     protected = lookups.protected_tables(conn)
     schedulers = lookups.schedulers(conn)  # the live ones: `jobledger schedulers` lists the expired too
@@ -76,8 +78,10 @@ def _show(conn: psycopg.Connection[Any], jobs: tuple[str, ...], as_json: bool, f
         alerts = [row for row in alerts if row["job"] in jobs]
         protected = [row for row in protected if row["job"] in jobs]
         schedulers = [row for row in schedulers if set(row["jobs"]) & set(jobs)]
+        pools = [row for row in pools if row.pool in {status.pool for status in statuses}]
     if as_json:
-        document = {"jobs": statuses, "alerts": alerts, "protected_tables": protected, "schedulers": schedulers}
+        document = {"jobs": statuses, "alerts": alerts, "protected_tables": protected, "schedulers": schedulers,
+                    "pools": pools}
         click.echo(render.json_line(document) if frame else render.to_json(document))
         return
     out = render.console()
@@ -93,6 +97,8 @@ def _show(conn: psycopg.Connection[Any], jobs: tuple[str, ...], as_json: bool, f
         line = f"protected table {row['table_name']}: job {row['job']} ({row['mode']})"
         out.print(render.cell(line) if row["enabled"]
                   else render.cell(f"{line}: its trigger is disabled, writes are not checked", style="bold red"))
+    if pools:  # `jobledger pool register`: none, nothing printed
+        out.print(render.pools_table(pools, now))
     if schedulers:  # none (no `jobledger scheduler` runs): nothing printed
         out.print(render.schedulers_table(schedulers, now, title="live schedulers (ledger.schedulers)"))
 

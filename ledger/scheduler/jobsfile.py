@@ -7,7 +7,10 @@ plus what the process itself needs to run the job's command
 ``jobledger run`` names them). Top-level keys: ``source`` (the name under which
 the file's jobs are synced; default ``file:<the file's name>``, so the same
 file on several hosts is one source), ``removed`` (``pause`` or ``unregister``:
-what becomes of a job the file no longer has), and the ``[upkeep]`` table.
+what becomes of a job the file no longer has), the ``[upkeep]`` table, and the
+``[pools]`` table (``name = size``: the pools the scheduler registers, with
+``ledger.register_pool``, before it syncs the jobs, so that a job's ``pool``
+key may name one of them).
 
 A file with any mistake is refused whole: :class:`JobsFileError` lists every
 problem, each naming the job and the key. The SQL checks the values again at
@@ -42,13 +45,15 @@ DURATION_KEYS = ("ttl", "late_after", "down_after", "min_runtime", "max_runtime"
 #: register_job's arguments that take an integer.
 INTEGER_KEYS = ("max_backfill", "pause_after_failures")
 #: register_job's arguments that take text.
-TEXT_KEYS = ("schedule", "time_zone", "overlap_policy")
+TEXT_KEYS = ("schedule", "time_zone", "overlap_policy", "pool")
 REGISTER_KEYS = TEXT_KEYS + DURATION_KEYS + INTEGER_KEYS
 #: What the process needs to run the command; never sent to the ledger.
 PROCESS_KEYS = ("command", "env", "cwd", "timeout", "retries", "backoff")
 OVERLAP_POLICIES = ("catch_up", "skip", "buffer_one", "replace")
 REMOVED = ("pause", "unregister")
-TOP_KEYS = ("source", "removed", "upkeep", "jobs")
+TOP_KEYS = ("source", "removed", "upkeep", "pools", "jobs")
+#: A pool's size: 1 to this (ledger._max_pool_size(); the SQL checks it again).
+MAX_POOL_SIZE = 100_000
 UPKEEP_DEFAULTS: dict[str, timedelta | None] = {
     "reap_every": timedelta(seconds=30),
     "sync_alerts_every": timedelta(seconds=30),
@@ -141,6 +146,7 @@ class JobsFile:
     jobs: Mapping[str, JobDefinition]
     upkeep: Upkeep
     digest: str  # of the file's bytes: the scheduler resyncs when it changes
+    pools: Mapping[str, int] = field(default_factory=dict)  # [pools]: name -> size, registered before the jobs
 
     def definitions(self) -> dict[str, dict[str, Any]]:
         """``ledger.sync_jobs``'s first argument: {job: {register_job argument: value}}."""
@@ -183,6 +189,7 @@ def parse(data: bytes | str, path: str = "<jobs file>", *, require_command: bool
     if removed not in REMOVED:
         problems.append(Problem(None, "removed", f"must be one of {', '.join(REMOVED)} (got {removed!r})"))
     upkeep = _upkeep(document.get("upkeep", {}), problems)
+    pools = _pools(document.get("pools", {}), problems)
     tables = document.get("jobs", {})
     jobs: dict[str, JobDefinition] = {}
     if not isinstance(tables, dict):
@@ -195,7 +202,7 @@ def parse(data: bytes | str, path: str = "<jobs file>", *, require_command: bool
     if problems:
         raise JobsFileError(path, problems)
     return JobsFile(path=path, source=source, removed=str(removed), jobs=jobs, upkeep=upkeep,
-                    digest=hashlib.sha256(raw).hexdigest())
+                    digest=hashlib.sha256(raw).hexdigest(), pools=pools)
 
 
 def _toml_problem(message: str) -> Problem:
@@ -222,6 +229,26 @@ def _upkeep(table: Any, problems: list[Problem]) -> Upkeep:
         if duration is not None:
             values[key] = duration
     return Upkeep(**values)
+
+
+def _pools(table: Any, problems: list[Problem]) -> dict[str, int]:
+    """The ``[pools]`` table: ``name = size``, each size an integer from 1 to :data:`MAX_POOL_SIZE`."""
+    if not isinstance(table, dict):
+        problems.append(Problem(None, "pools", "must be a table of name = size ([pools] heavy = 3)"))
+        return {}
+    pools: dict[str, int] = {}
+    for name, size in table.items():
+        key = f"pools.{name}"
+        if not _JOB_NAME.match(name):
+            problems.append(Problem(None, key, "invalid pool name (letters, digits and _ . : @ / -, at most 200, "
+                                               "starting with a letter or digit)"))
+        elif isinstance(size, bool) or not isinstance(size, int):
+            problems.append(Problem(None, key, f"the size must be an integer (got {size!r})"))
+        elif not 1 <= size <= MAX_POOL_SIZE:
+            problems.append(Problem(None, key, f"the size must be from 1 to {MAX_POOL_SIZE:,} (got {size})"))
+        else:
+            pools[name] = size
+    return pools
 
 
 def definition(name: str, table: Mapping[str, Any], *, require_command: bool = True) -> JobDefinition:

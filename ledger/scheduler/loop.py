@@ -52,7 +52,7 @@ from ledger.client import Ledger, RunContext
 from ledger.identity import default_owner
 from ledger.models import RunStart
 from ledger.scheduler.jobsfile import JobDefinition, JobsFile, JobsFileError, Upkeep
-from ledger.scheduler.sync import FileWatch, sync_jobs
+from ledger.scheduler.sync import FileWatch, sync_file, sync_jobs
 from ledger.text import first_line
 
 __all__ = ["CallableRunner", "Runner", "Scheduler", "Stats"]
@@ -394,7 +394,7 @@ class Scheduler:
             return
         try:
             self.stats.count("sync_jobs")
-            sync_jobs(self._conn, loaded.jobs, source=loaded.source, removed=loaded.removed, say=log.info)
+            sync_file(self._conn, loaded, say=log.info)  # its [pools] first, in the same transaction
         except psycopg.Error as error:
             if first:
                 raise

@@ -50,8 +50,9 @@ def job(name: str, **options: Any) -> Callable[[Callable[[RunContext], T]], Serv
     """``@ledger.job("nightly", schedule="0 3 * * *", ttl="1h", jitter="5m")``: a job for :func:`serve`.
 
     The options are a jobs file's keys (``register_job``'s: schedule, time_zone, ttl, max_backfill, the
-    health bounds, jitter, start_deadline, overlap_policy), durations as text ("80m") or timedelta;
-    checked at once (JobsFileError naming the job and the key).
+    health bounds, jitter, start_deadline, overlap_policy, pool: a pool registered before, with
+    ``Ledger.register_pool``), durations as text ("80m") or timedelta; checked at once (JobsFileError
+    naming the job and the key).
     """
     checked = definition(name, options, require_command=False)
 

@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 from ledger import queries
 from ledger.scheduler.jobsfile import JobDefinition, JobsFile, load
 
-__all__ = ["FileWatch", "sync_jobs"]
+__all__ = ["FileWatch", "register_pools", "sync_file", "sync_jobs"]
 
 log = logging.getLogger("ledger.scheduler")
 
@@ -44,6 +44,27 @@ def sync_jobs(conn: psycopg.Connection[Any], jobs: Mapping[str, JobDefinition], 
         elif action != "unchanged" and say is not None:
             say(f"job {job}: {action}")
     return rows
+
+
+def register_pools(conn: psycopg.Connection[Any], pools: Mapping[str, int], *,
+                   say: Callable[[str], None] | None = None) -> None:
+    """Register each of the file's ``[pools]`` (``ledger.register_pool``: created, or resized); a pool the
+    file no longer names stays (``jobledger pool drop`` drops one)."""
+    for name, size in sorted(pools.items()):
+        with conn.cursor(row_factory=dict_row) as cursor:
+            before = cursor.execute(queries.POOL_STATUS, {"pool": name}).fetchone()
+            cursor.execute(queries.REGISTER_POOL, {"pool": name, "size": size})
+        if say is not None and (before is None or before["size"] != size):
+            say(f"pool {name}: {'registered' if before is None else 'resized'}, size {size}")
+
+
+def sync_file(conn: psycopg.Connection[Any], loaded: JobsFile, *,
+              say: Callable[[str], None] | None = None) -> list[tuple[str, str]]:
+    """The file into the ledger in one transaction: its ``[pools]`` registered first (so that a job's
+    ``pool`` may name one), then its jobs synced; a refused file changes nothing, its pools neither."""
+    with conn.transaction():
+        register_pools(conn, loaded.pools, say=say)
+        return sync_jobs(conn, loaded.jobs, source=loaded.source, removed=loaded.removed, say=say)
 
 
 class FileWatch:

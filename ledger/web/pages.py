@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from ledger.models import JobStatus, Run
+from ledger.models import JobStatus, PoolStatus, Run
 from ledger.web import reads
 from ledger.web.commands import Command, job_commands
 from ledger.web.reads import (Alert, Failure, FenceWrite, LeaseNow, Neighbours, RunBar, Scheduler, SkippedRange, Slot,
@@ -219,6 +219,22 @@ def run_page(cur: psycopg.Cursor[Any], run_id: int) -> RunPage:
 
 def alerts_page(cur: psycopg.Cursor[Any]) -> AlertsPage:
     return AlertsPage(now=reads.now(cur), alerts=reads.alerts(cur))
+
+
+@dataclass(frozen=True)
+class PoolsPage:
+    """The pools (``ledger.pool_status``): each one's size and what uses it; a full one marked."""
+
+    now: datetime
+    pools: list[PoolStatus]
+
+    @property
+    def full(self) -> int:
+        return sum(1 for row in self.pools if row.used >= row.size)
+
+
+def pools_page(cur: psycopg.Cursor[Any]) -> PoolsPage:
+    return PoolsPage(now=reads.now(cur), pools=reads.pools(cur))
 
 
 def schedulers_page(cur: psycopg.Cursor[Any]) -> SchedulersPage:

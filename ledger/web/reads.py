@@ -19,7 +19,7 @@ from psycopg_pool import ConnectionPool
 
 from ledger import queries
 from ledger.connect import make_pool, open_pool
-from ledger.models import JobStatus, Run
+from ledger.models import JobStatus, PoolStatus, Run
 from ledger.readonly import read_only_transaction
 
 DEFAULT_TIMEOUT = timedelta(seconds=5)
@@ -324,6 +324,11 @@ def fences(cur: psycopg.Cursor[Any], job: str, token: int) -> list[FenceWrite]:
 
 def alerts(cur: psycopg.Cursor[Any]) -> list[Alert]:
     return [Alert(**row) for row in _rows(cur, queries.ALERTS, {})]
+
+
+def pools(cur: psycopg.Cursor[Any]) -> list[PoolStatus]:
+    """Every row of ``ledger.pool_status``, by pool: size, used, running, jobs, waiting, skipped_pool_full."""
+    return [PoolStatus(**row) for row in _rows(cur, queries.POOL_STATUSES, {})]
 
 
 def schedulers(cur: psycopg.Cursor[Any], first_jobs: int) -> list[Scheduler]:

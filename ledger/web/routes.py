@@ -251,6 +251,15 @@ def schedulers_json(request: Request) -> Response:
     return _json(_read(request, pages.schedulers_page))
 
 
+def pools(request: Request) -> Response:
+    page = _read(request, pages.pools_page)
+    return _html(request, "pools.html", page, nav="pools", json_url=f"{Urls(request).root}/api/pools")
+
+
+def pools_json(request: Request) -> Response:
+    return _json(_read(request, pages.pools_page))
+
+
 BADGE_HEADERS = {"cache-control": "no-cache, max-age=0"}
 
 
@@ -309,6 +318,8 @@ def routes(static_directory: str) -> list[BaseRoute]:
         Route("/api/alerts", alerts_json),
         Route("/schedulers", schedulers),
         Route("/api/schedulers", schedulers_json),
+        Route("/pools", pools),
+        Route("/api/pools", pools_json),
         Route("/badge/{job:path}", badge),
         Route("/metrics", metrics),
         Route("/static/states.css", state_styles),

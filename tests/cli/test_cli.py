@@ -141,7 +141,8 @@ def test_status_shows_jobs_and_alerts(dsn, db):
 
 
 def test_status_of_an_empty_ledger(dsn):
-    assert json.loads(jobledger("status", "--json", dsn=dsn).stdout) == {"jobs": [], "alerts": [], "protected_tables": [], "schedulers": []}
+    assert json.loads(jobledger("status", "--json", dsn=dsn).stdout) == {"jobs": [], "alerts": [], "protected_tables": [],
+        "schedulers": [], "pools": []}
     assert "no jobs yet" in jobledger("status", dsn=dsn).stdout
 
 

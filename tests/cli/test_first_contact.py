@@ -81,7 +81,8 @@ def test_the_demo_without_the_embedded_extra_says_how_else_to_run(tmp_path):
 def test_without_the_extra_a_dsn_still_works(dsn):
     result = _without_extra("status", "--json", LEDGER_DSN=dsn)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"jobs": [], "alerts": [], "protected_tables": [], "schedulers": []}
+    assert json.loads(result.stdout) == {"jobs": [], "alerts": [], "protected_tables": [], "schedulers": [],
+                                         "pools": []}
 
 
 # -- 2. NULL columns of ledger.job_status ---------------------------------------------

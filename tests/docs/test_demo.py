@@ -35,7 +35,8 @@ def test_demo_on_the_embedded_server_with_no_dsn(tmp_path):
     where = jobledger("where", env=env)
     assert where.returncode == 0, where.stderr
     assert "dbname=jobledger" in where.stdout and str(home) in where.stderr and "embedded" in where.stderr
-    assert json.loads(jobledger("status", "--json", env=env).stdout) == {"jobs": [], "alerts": [], "protected_tables": [], "schedulers": []}
+    assert json.loads(jobledger("status", "--json", env=env).stdout) == {"jobs": [], "alerts": [], "protected_tables": [],
+        "schedulers": [], "pools": []}
     run = jobledger("run", "hello", "--ttl", "1m", "--", "sh", "-c", 'echo "run $LEDGER_RUN_ID"', env=env)
     assert (run.returncode, run.stdout) == (0, "run 1\n"), run.stderr
     assert [r["status"] for r in json.loads(jobledger("runs", "hello", "--json", env=env).stdout)] == ["success"]

@@ -38,9 +38,10 @@ def _dashboard() -> dict:
 @pytest.fixture
 def exported_names(db, dsn, connect) -> set[str]:
     """Every sample name the exporter writes (with --audit), on a ledger with a success and a running
-    run, a live scheduler, and a snapshot held past the xmin horizon's warn threshold (lowered to 0 transactions, as the
+    run, a live scheduler, a pool, and a snapshot held past the xmin horizon's warn threshold (lowered to 0 transactions, as the
     database's owner: the holder's series is written only then)."""
-    db.execute("SELECT ledger.register_job('etl', ttl => '10 minutes')")
+    db.execute("SELECT ledger.register_pool('heavy', 2)")  # a pool, so that the per-pool series are written
+    db.execute("SELECT ledger.register_job('etl', ttl => '10 minutes', pool => 'heavy')")
     run = db.execute("SELECT run_id, token FROM ledger.start_run('etl', 'w')").fetchone()
     db.execute("SELECT ledger.complete_run(%s, %s)", run)
     db.execute("SELECT ledger.start_run('etl', 'w')")
