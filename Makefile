@@ -67,6 +67,7 @@ bench: $(STAMP)
 
 bench-smoke: $(STAMP)
 	$(PY) benchmarks/run.py --smoke
+	$(PY) benchmarks/bench_client.py --smoke > /dev/null
 
 sql: $(STAMP)
 	@$(PY) -m ledger sql
