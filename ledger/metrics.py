@@ -141,7 +141,7 @@ class JobRow:
     failures: int
     skipped_overlap: int
     skipped_backfill: int
-    skipped_pool_full: int
+    skipped_pool_full: int | None  # None: the job is in no pool and none refused it (no sample)
     leases_lost: int
     running: int
     ttl_seconds: float | None

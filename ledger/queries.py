@@ -380,7 +380,10 @@ SELECT s.scheduler, s.host, s.pid, s.version,
 # is a live run (not a crashed one: that is its state).
 METRIC_JOBS = """
 SELECT s.job, s.state, s.consecutive_failures, s.runs_started, s.successes, s.failures, s.skipped_overlap,
-       s.skipped_backfill, s.skipped_pool_full, s.leases_lost, CASE WHEN s.live THEN 1 ELSE 0 END AS running,
+       s.skipped_backfill,
+       -- only for a job in a pool or one a pool refused: no line for the jobs that never met one
+       CASE WHEN s.pool IS NOT NULL OR s.skipped_pool_full > 0 THEN s.skipped_pool_full END AS skipped_pool_full,
+       s.leases_lost, CASE WHEN s.live THEN 1 ELSE 0 END AS running,
        extract(epoch FROM s.ttl)::float8 AS ttl_seconds,
        CASE WHEN s.live THEN extract(epoch FROM s.running_for)::float8 END AS running_seconds,
        extract(epoch FROM s.longest_success)::float8 AS longest_success_seconds,
