@@ -4,14 +4,21 @@
 -- views that read the tables changed below first (a no-op ALTER takes each; a reader takes a view before
 -- its tables), then the tables as the writers take them, the lease rows first. A deadlock with a writer
 -- that took them in another order undoes this try whole, and it is tried again (ledger.migrate).
+-- Every table altered below is locked here, ACCESS EXCLUSIVE at once, as ALTER TABLE will take it: a
+-- lock strengthened later (SHARE ROW EXCLUSIVE, then ACCESS EXCLUSIVE at the ALTER) deadlocks with a
+-- start that holds the lease row's table lock and waits for the state row's, or a scheduler round that
+-- read the wakeup marks and waits for the lease rows; taken at once, a try that meets one gives up
+-- before it has done anything, and the rest of the revision waits for nobody.
 ALTER VIEW ledger.alerts OWNER TO ledger_owner;
 ALTER VIEW ledger.job_health OWNER TO ledger_owner;
 ALTER VIEW ledger.ttl_advice OWNER TO ledger_owner;
 ALTER VIEW ledger.job_status OWNER TO ledger_owner;
 ALTER VIEW ledger.job_counters OWNER TO ledger_owner;
 ALTER VIEW ledger._job_state OWNER TO ledger_owner;
-LOCK TABLE ledger.leases IN SHARE ROW EXCLUSIVE MODE;
-LOCK TABLE ledger.jobs IN SHARE ROW EXCLUSIVE MODE;
+LOCK TABLE ledger.leases IN ACCESS EXCLUSIVE MODE;
+LOCK TABLE ledger.jobs IN ACCESS EXCLUSIVE MODE;
+LOCK TABLE ledger.counters IN ACCESS EXCLUSIVE MODE;
+LOCK TABLE ledger.wakeups IN ACCESS EXCLUSIVE MODE;
 
 -- By hand: the tables first (functions below read the new columns, views select them). New columns
 -- have no default or a constant one: no rewrite; the new indexes cover no row yet (every pool column
