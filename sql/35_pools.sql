@@ -240,8 +240,7 @@ BEGIN
     END LOOP;
     -- A job that joined meanwhile (its registration committed after the
     -- list was read) holds the delete back with its foreign key: 23503.
-    UPDATE ledger.wakeups w SET at = least(w.at, w.waiting_since), pool_wait = NULL, waiting_since = NULL
-     WHERE w.pool_wait = drop_pool.pool;
+    PERFORM ledger._wake_pool(pool);  -- its waiting jobs, in no pool now
     DELETE FROM ledger.pools p WHERE p.pool = drop_pool.pool;
     PERFORM pg_notify('ledger_scheduler', pool);
     RETURN true;
