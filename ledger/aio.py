@@ -1203,7 +1203,8 @@ class AsyncLedger:
                            min_runtime: timedelta | None = None, max_runtime: timedelta | None = None,
                            pause_after_failures: int | None = None, jitter: timedelta | None = None,
                            start_deadline: timedelta | None = None, overlap_policy: str | None = None,
-                           pool: str | None = None) -> Job:
+                           pool: str | None = None,
+                           max_concurrent: int | None = None) -> Job:
         """Register ``job``, or change the options given of a registered job.
 
         An option left None keeps what the job has (a first registration: no
@@ -1216,12 +1217,15 @@ class AsyncLedger:
         ``buffer_one`` or ``replace`` (docs/contract.md, "The scheduler");
         ``pool``: the registered pool the job joins (PoolNotFound when there is
         none of that name), ``""`` takes it out of its pool.
+        ``max_concurrent``: up to that many live runs at once, each in its own seat with its own
+        token (docs/contract.md, "Concurrent runs"; ``replace`` and ``buffer_one`` need 1).
         """
         params = {"job": job, "schedule": schedule, "ttl": ttl, "max_backfill": max_backfill,
                   "time_zone": time_zone, "late_after": late_after, "down_after": down_after,
                   "min_runtime": min_runtime, "max_runtime": max_runtime,
                   "pause_after_failures": pause_after_failures, "jitter": jitter,
-                  "start_deadline": start_deadline, "overlap_policy": overlap_policy, "pool": pool}
+                  "start_deadline": start_deadline, "overlap_policy": overlap_policy, "pool": pool,
+                  "max_concurrent": max_concurrent}
         return (await self._call(queries.REGISTER_JOB, params, class_row(Job)))[0]
 
     async def unregister_job(self, job: str, *, with_history: bool = False) -> bool:

@@ -68,6 +68,7 @@ class Run:
     error: str | None
     detail: dict[str, Any] | None
     cancel_requested_at: datetime | None = None  # an operator asked it to stop (ledger.request_cancel)
+    seat: int = 1  # the seat it holds (a job of max_concurrent > 1: 1 .. N)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Job:
     overlap_policy: str = "catch_up"  # catch_up, skip, buffer_one, replace
     defined_by: str | None = None  # the jobs file (ledger.sync_jobs source) that defined it last
     pool: str | None = None  # the pool it belongs to (ledger.pools), None: none
+    max_concurrent: int = 1  # live runs at once, each in its own seat with its own token
 
 
 @dataclass(frozen=True)

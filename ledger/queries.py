@@ -143,7 +143,7 @@ SELECT {JOB_COLUMNS}
                            min_runtime => %(min_runtime)s, max_runtime => %(max_runtime)s,
                            pause_after_failures => %(pause_after_failures)s, jitter => %(jitter)s,
                            start_deadline => %(start_deadline)s, overlap_policy => %(overlap_policy)s,
-                           pool => %(pool)s) AS j
+                           pool => %(pool)s, max_concurrent => %(max_concurrent)s) AS j
 """
 
 PAUSE_JOB = "SELECT ledger.pause_job(job => %(job)s)"

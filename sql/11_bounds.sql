@@ -41,6 +41,11 @@ CREATE FUNCTION ledger._max_backfill() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1000 $$;
 
+-- max_concurrent: live runs of one job at once (each a seat, ledger.lease_seats).
+CREATE FUNCTION ledger._max_concurrent() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1000 $$;
+
 -- The most resources one complete_run names in fenced: each is looked up in
 -- ledger.fences, and the ones that do not hold the run's token go into the
 -- run's detail, which must stay within _max_detail_bytes.

@@ -58,6 +58,10 @@ CREATE TABLE ledger.jobs (
     -- row carries a copy (ledger.leases.pool), written with it under the
     -- job's lease row lock, so a start reads it from the row it locks.
     pool           ledger.label REFERENCES ledger.pools (pool),
+    -- Up to this many live runs (and bare leases) at once, each in its own
+    -- seat with its own token (ledger.lease_seats); 1 is the single holder.
+    -- Last: the column an upgrade adds.
+    max_concurrent integer     NOT NULL DEFAULT 1,
     CONSTRAINT jobs_ttl_positive CHECK (ttl > interval '0'),
     CONSTRAINT jobs_bounds_positive CHECK (late_after > interval '0' AND down_after > interval '0'
                                            AND min_runtime > interval '0' AND max_runtime > interval '0'
@@ -68,7 +72,8 @@ CREATE TABLE ledger.jobs (
     CONSTRAINT jobs_jitter_valid CHECK (jitter > interval '0' AND jitter <= interval '24 hours'),
     CONSTRAINT jobs_start_deadline_positive CHECK (start_deadline > interval '0'),
     CONSTRAINT jobs_max_backfill_positive CHECK (max_backfill >= 1),
-    CONSTRAINT jobs_schedule_parsed CHECK ((schedule IS NULL) = (schedule_spec IS NULL))
+    CONSTRAINT jobs_schedule_parsed CHECK ((schedule IS NULL) = (schedule_spec IS NULL)),
+    CONSTRAINT jobs_max_concurrent_valid CHECK (max_concurrent BETWEEN 1 AND 1000)
 );
 COMMENT ON TABLE ledger.jobs IS 'Registered jobs: schedule, time zone, default ttl, catch-up bound, paused';
 
@@ -105,16 +110,48 @@ CREATE TABLE ledger.leases (
     -- The job's pool (ledger.jobs.pool, copied under this row's lock): a
     -- live lease of a row with a pool counts against that pool's size.
     pool        ledger.label,
+    -- Seats mode (a job registered with max_concurrent > 1, for good): the
+    -- row is only the job's token counter, kept released, so every check
+    -- of a live token on it fails, and each holder is a row of
+    -- ledger.lease_seats. Last: the column an upgrade adds.
+    multi       boolean     NOT NULL DEFAULT false,
     CONSTRAINT leases_token_positive CHECK (token > 0),
     CONSTRAINT leases_ttl_positive CHECK (ttl > interval '0'),
     CONSTRAINT leases_timeline_positive CHECK (timeline > 0),
-    CONSTRAINT leases_released_ends_lease CHECK (released_at IS NULL OR expires_at <= released_at)
+    CONSTRAINT leases_released_ends_lease CHECK (released_at IS NULL OR expires_at <= released_at),
+    CONSTRAINT leases_multi_released CHECK (NOT multi OR released_at IS NOT NULL)
 );
 COMMENT ON TABLE ledger.leases IS 'Per-job lease: holder, fencing token, expiry';
 -- A pool's live leases, counted by each start of a member job
 -- (ledger._pool_admits). pool rarely changes, so the renewals of the row
 -- stay HOT updates.
 CREATE INDEX leases_pool ON ledger.leases (pool) WHERE pool IS NOT NULL;
+
+-- The holders of a job in seats mode (ledger.leases.multi): one row per
+-- seat ever taken, 1 to the job's max_concurrent, each a lease of its own.
+-- Its token is issued by the job's row in ledger.leases (the high-water
+-- mark), so the tokens of all seats of a job are strictly increasing and
+-- never issued twice. Written only under the job's lease row lock.
+CREATE TABLE ledger.lease_seats (
+    job         ledger.label NOT NULL REFERENCES ledger.leases (job),
+    seat        integer     NOT NULL,
+    owner       ledger.label NOT NULL,
+    token       bigint      NOT NULL,
+    ttl         interval    NOT NULL,
+    acquired_at timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    released_at timestamptz,
+    -- the seat's running run (NULL: none, or a bare acquire): what the
+    -- job's state reads to tell a crashed seat without reading the log
+    run_id      bigint,
+    CONSTRAINT lease_seats_pkey PRIMARY KEY (job, seat),
+    CONSTRAINT lease_seats_one_per_token UNIQUE (job, token),
+    CONSTRAINT lease_seats_seat_valid CHECK (seat BETWEEN 1 AND 1000),
+    CONSTRAINT lease_seats_token_positive CHECK (token > 0),
+    CONSTRAINT lease_seats_ttl_positive CHECK (ttl > interval '0'),
+    CONSTRAINT lease_seats_released_ends_lease CHECK (released_at IS NULL OR expires_at <= released_at)
+);
+COMMENT ON TABLE ledger.lease_seats IS 'Per job in seats mode (max_concurrent > 1): each seat''s holder, token, expiry';
 
 -- A fence belongs to the job that first wrote through it: tokens are counted
 -- per job, so only that job's tokens can be compared with the one recorded.
@@ -144,6 +181,9 @@ CREATE TABLE ledger.job_execution_log (
     -- An operator asked the run to stop (ledger.request_cancel): the
     -- holder's next heartbeat ends it as cancelled and answers NULL.
     cancel_requested_at timestamptz,
+    -- The seat the run holds (ledger.lease_seats); 1 for a single-holder
+    -- job. Last: the column an upgrade adds.
+    seat            integer     NOT NULL DEFAULT 1,
     CONSTRAINT log_status_valid CHECK (status IN ('running', 'success', 'failure')),
     CONSTRAINT log_failure_reason_valid
         CHECK (failure_reason IN ('error', 'lease_expired', 'superseded', 'cancelled')),
@@ -153,14 +193,16 @@ CREATE TABLE ledger.job_execution_log (
     CONSTRAINT log_slot_finite CHECK (isfinite(slot)),
     CONSTRAINT log_detail_object CHECK (jsonb_typeof(detail) = 'object'),
     CONSTRAINT log_token_positive CHECK (token > 0),
+    CONSTRAINT log_seat_valid CHECK (seat BETWEEN 1 AND 1000),
     -- a token is issued once, so it names at most one run
     CONSTRAINT log_one_run_per_token UNIQUE (job, token)
 );
 COMMENT ON TABLE ledger.job_execution_log IS 'One row per run: running, success or failure';
 
--- At most one running run per job.
+-- At most one running run per job and seat (a single-holder job has seat 1
+-- only: one running run).
 CREATE UNIQUE INDEX job_execution_log_one_running
-    ON ledger.job_execution_log (job) WHERE status = 'running';
+    ON ledger.job_execution_log (job, seat) WHERE status = 'running';
 -- At most one running-or-successful run per (job, slot) and per (job, key);
 -- a failed slot may be retried. The first also finds a job's newest done slot.
 CREATE UNIQUE INDEX job_execution_log_one_per_slot

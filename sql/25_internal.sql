@@ -467,7 +467,9 @@ $$;
 -- A running run closed as failed because its lease was lost (lease_expired,
 -- superseded): the run row, then the job's 'lost' transition. The caller
 -- holds the job's lease row lock.
-CREATE FUNCTION ledger._close_lost(run ledger.job_execution_log, reason text, at timestamptz)
+-- seats: the job is in seats mode (its other running runs stay running).
+CREATE FUNCTION ledger._close_lost(run ledger.job_execution_log, reason text, at timestamptz,
+                                   seats boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -478,6 +480,10 @@ BEGIN
         RETURN;
     END IF;
     SELECT * INTO run FROM ledger.job_execution_log r WHERE r.run_id = run.run_id;
-    PERFORM ledger._set_state(run.job, 'lost', run);
+    IF seats THEN
+        UPDATE ledger.lease_seats s SET run_id = NULL
+         WHERE s.job = run.job AND s.seat = run.seat AND s.run_id = run.run_id;
+    END IF;
+    PERFORM ledger._set_state(run.job, 'lost', run, seats => seats);
 END
 $$;

@@ -50,9 +50,9 @@ BEGIN
     WITH r AS MATERIALIZED (
         SELECT l.job, l.run_id, l.status, l.failure_reason, l.slot, l.token, l.started_at, l.completed_at,
                -- as ledger.overlaps defines an overlap: a run that started
-               -- before a run started earlier had ended
+               -- before a run started earlier in its seat had ended
                max(coalesce(l.completed_at, 'infinity')) OVER (
-                   PARTITION BY l.job ORDER BY l.started_at, l.run_id
+                   PARTITION BY l.job, l.seat ORDER BY l.started_at, l.run_id
                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier_end
           FROM ledger.job_execution_log l WHERE l.job = ANY (_state_from_log.jobs)
     ), last_run AS (
@@ -62,7 +62,9 @@ BEGIN
         SELECT DISTINCT ON (r.job) r.job, r.started_at, r.completed_at
           FROM r WHERE r.status = 'success' ORDER BY r.job, r.started_at DESC, r.run_id DESC
     ), running AS (
-        SELECT r.job, r.run_id, r.token, r.started_at FROM r WHERE r.status = 'running'
+        -- the newest running run (seats mode: of several)
+        SELECT DISTINCT ON (r.job) r.job, r.run_id, r.token, r.started_at
+          FROM r WHERE r.status = 'running' ORDER BY r.job, r.started_at DESC, r.run_id DESC
     ), totals AS (
         SELECT r.job,
                max(r.slot) FILTER (WHERE r.status = 'success') AS done_slot,
@@ -146,7 +148,7 @@ $$;
 -- purge_log writes no state row: what it removes stays counted
 -- (ledger.purged_state).
 CREATE FUNCTION ledger._set_state(job text, event text, run ledger.job_execution_log DEFAULT NULL,
-                                   slots bigint DEFAULT NULL)
+                                   slots bigint DEFAULT NULL, seats boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -158,6 +160,7 @@ DECLARE
     v_counts boolean;  -- the run's end is a failure of the streak
     v_next   timestamptz;  -- the due marks after the run's slot
     v_down   timestamptz;
+    v_other  ledger.job_execution_log;  -- seats mode: the newest run still running
 BEGIN
     IF event NOT IN ('leased', 'started', 'ended', 'lost', 'skipped_pool_full') THEN
         PERFORM FROM ledger.leases l WHERE l.job = _set_state.job FOR UPDATE;
@@ -194,9 +197,17 @@ BEGIN
             last_started_at    = CASE WHEN c.last_run_id IS NULL
                                         OR (run.started_at, run.run_id) > (c.last_started_at, c.last_run_id)
                                       THEN run.started_at ELSE c.last_started_at END,
-            running_run_id     = run.run_id,
-            running_token      = run.token,
-            running_started_at = run.started_at,
+            -- the newest running run (a single holder's previous run ended
+            -- before this start: none is noted)
+            running_run_id     = CASE WHEN c.running_run_id IS NULL
+                                        OR (run.started_at, run.run_id) > (c.running_started_at, c.running_run_id)
+                                      THEN run.run_id ELSE c.running_run_id END,
+            running_token      = CASE WHEN c.running_run_id IS NULL
+                                        OR (run.started_at, run.run_id) > (c.running_started_at, c.running_run_id)
+                                      THEN run.token ELSE c.running_token END,
+            running_started_at = CASE WHEN c.running_run_id IS NULL
+                                        OR (run.started_at, run.run_id) > (c.running_started_at, c.running_run_id)
+                                      THEN run.started_at ELSE c.running_started_at END,
             -- started before an earlier run ended: only a clock stepped back
             -- can do that here (the start closed the previous run first)
             overlap_run_id     = CASE WHEN run.started_at < c.latest_end THEN run.run_id
@@ -238,6 +249,13 @@ BEGIN
               FROM ledger.jobs j, ledger._due_marks(j.schedule_spec, j.time_zone, run.slot) m
              WHERE j.job = run.job AND j.schedule IS NOT NULL;
         END IF;
+        -- Seats mode: the job's running run is then the newest one left
+        -- (a single holder has none left: no read).
+        IF seats THEN
+            SELECT * INTO v_other FROM ledger.job_execution_log r
+             WHERE r.job = run.job AND r.status = 'running'
+             ORDER BY r.started_at DESC, r.run_id DESC LIMIT 1;
+        END IF;
         -- Count once, note the run's end, and fold in the skips counted
         -- since (those whose rows no skipper holds right now; the rest wait
         -- for the next end).
@@ -257,9 +275,10 @@ BEGIN
             last_status             = CASE WHEN c.last_run_id = run.run_id THEN run.status ELSE c.last_status END,
             last_completed_at       = CASE WHEN c.last_run_id = run.run_id THEN run.completed_at
                                            ELSE c.last_completed_at END,
-            running_run_id          = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_run_id END,
-            running_token           = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_token END,
-            running_started_at      = CASE WHEN c.running_run_id = run.run_id THEN NULL ELSE c.running_started_at END,
+            running_run_id          = CASE WHEN c.running_run_id = run.run_id THEN v_other.run_id ELSE c.running_run_id END,
+            running_token           = CASE WHEN c.running_run_id = run.run_id THEN v_other.token ELSE c.running_token END,
+            running_started_at      = CASE WHEN c.running_run_id = run.run_id THEN v_other.started_at
+                                           ELSE c.running_started_at END,
             last_success_started_at = CASE WHEN run.status = 'success'
                                             AND run.started_at >= coalesce(c.last_success_started_at, '-infinity')
                                            THEN run.started_at ELSE c.last_success_started_at END,
@@ -553,7 +572,8 @@ SELECT c.job,
        CASE s.state
            WHEN 'crashed' THEN format('run %s is still marked running, but its lease %s: its runner is gone '
                                       '(ledger.reap_expired, or the next start, closes it)', c.running_run_id,
-                                      CASE WHEN l.token <> c.running_token THEN format('went to token %s', l.token)
+                                      CASE WHEN l.multi THEN 'or another run''s seat is not live'
+                                           WHEN l.token <> c.running_token THEN format('went to token %s', l.token)
                                            WHEN l.released_at IS NOT NULL THEN 'was released'
                                            ELSE format('expired %s ago', date_trunc('second', n.at - l.expires_at))
                                       END)
@@ -631,8 +651,16 @@ SELECT c.job,
                   WHEN c.last_run_id IS NULL THEN 'never_run'
                   ELSE 'ok'
               END AS state
-         FROM (SELECT coalesce(l.token = c.running_token AND l.released_at IS NULL AND l.expires_at > n.at, false)
-                          AS live,
+         FROM (SELECT CASE WHEN NOT coalesce(l.multi, false)
+                           THEN coalesce(l.token = c.running_token AND l.released_at IS NULL AND l.expires_at > n.at,
+                                         false)
+                           -- seats mode: runs are marked running, and every seat with a
+                           -- running run is live (the seats, not the log: per job)
+                           ELSE c.running_run_id IS NOT NULL AND NOT EXISTS (
+                                    SELECT FROM ledger.lease_seats ls
+                                     WHERE ls.job = c.job AND ls.run_id IS NOT NULL
+                                       AND NOT (ls.released_at IS NULL AND ls.expires_at > n.at))
+                      END AS live,
                       coalesce(j.late_after, greatest(coalesce(j.ttl, l.ttl, interval '1 minute'), interval '1 minute'))
                           AS grace,
                       -- served by schedulers that all expired: since the last expiry

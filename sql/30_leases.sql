@@ -76,6 +76,12 @@ BEGIN
         END IF;
     END IF;
 
+    -- Seats mode: the row locked is the token counter; a seat is the lease.
+    IF v_lease.multi THEN
+        RETURN QUERY SELECT * FROM ledger._acquire_seat(job, owner, v_ttl, v_lease.pool);
+        RETURN;
+    END IF;
+
     -- POOL CHECK: before a token is issued (the lease row carries the
     -- job's pool; a job in none pays one test). Not admitted: no row.
     IF v_lease.pool IS NOT NULL AND NOT ledger._pool_admits(job, v_lease.pool) THEN
@@ -111,6 +117,134 @@ BEGIN
     RETURN NEXT (v_lease.job, v_lease.owner, v_lease.token, v_lease.acquired_at, v_lease.expires_at)::ledger.lease;
 END
 $$;
+
+-- The free seat of a job in seats mode whose lease row the caller holds
+-- locked (FOR UPDATE), the seats locked with it in seat order: NULL when
+-- max_concurrent seats are live already. A free seat is the lowest of 1 ..
+-- max_concurrent whose row is missing, released or expired; seats above
+-- max_concurrent (it was lowered) still count while they are live. The
+-- owner does not matter: one owner may hold several seats, and a second
+-- start of the same owner takes another seat (it does not supersede its
+-- first, as it does for a single holder).
+CREATE FUNCTION ledger._free_seat(job text, at timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_max  integer;
+    v_live integer;
+BEGIN
+    SELECT j.max_concurrent INTO v_max FROM ledger.jobs j WHERE j.job = _free_seat.job;
+    v_max := coalesce(v_max, 1);  -- unregistered: one seat
+    -- the seats, locked in seat order (after the lease row, as every writer)
+    PERFORM FROM ledger.lease_seats s WHERE s.job = _free_seat.job ORDER BY s.seat FOR UPDATE;
+    SELECT count(*) INTO v_live FROM ledger.lease_seats s
+     WHERE s.job = _free_seat.job AND s.released_at IS NULL AND s.expires_at > at;
+    IF v_live >= v_max THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT g.n FROM generate_series(1, v_max) AS g(n)
+             WHERE NOT EXISTS (SELECT FROM ledger.lease_seats s
+                                WHERE s.job = _free_seat.job AND s.seat = g.n
+                                  AND s.released_at IS NULL AND s.expires_at > at)
+             ORDER BY g.n LIMIT 1);
+END
+$$;
+
+-- Seat `seat` (free: ledger._free_seat) taken with a new token from the
+-- job's lease row, which the caller holds locked. The pool, if the job has
+-- one, admitted the start before this (ledger._pool_admits): a token is
+-- issued only to a start that may run.
+CREATE FUNCTION ledger._take_seat(job text, seat integer, owner text, ttl interval, at timestamptz)
+RETURNS ledger.lease_seats
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_timeline integer;
+    v_token    bigint;
+    v_row      ledger.lease_seats;
+BEGIN
+    v_timeline := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer;
+    -- The row stays released: only the counter moves (ledger._next_token, inline).
+    UPDATE ledger.leases l SET
+        owner       = _take_seat.owner,
+        token       = CASE WHEN l.timeline = v_timeline THEN l.token + 1
+                           ELSE greatest(l.token + (1::bigint << 32), ((v_timeline - 1)::bigint << 32) + 1) END,
+        ttl         = _take_seat.ttl,
+        acquired_at = at,
+        expires_at  = at,
+        released_at = at,
+        timeline    = v_timeline
+     WHERE l.job = _take_seat.job
+    RETURNING l.token INTO v_token;
+    INSERT INTO ledger.lease_seats AS s (job, seat, owner, token, ttl, acquired_at, expires_at, released_at)
+    VALUES (_take_seat.job, _take_seat.seat, _take_seat.owner, v_token, _take_seat.ttl, at, at + _take_seat.ttl, NULL)
+    ON CONFLICT ON CONSTRAINT lease_seats_pkey DO UPDATE SET
+        owner = excluded.owner, token = excluded.token, ttl = excluded.ttl,
+        acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, released_at = NULL, run_id = NULL
+    RETURNING * INTO v_row;
+    RETURN v_row;
+END
+$$;
+
+-- acquire of a job in seats mode, its lease row locked: a seat, or no row
+-- when every seat is live or the job's pool is full. Unlike a single
+-- holder's acquire, it closes the runs whose seats were lost first
+-- (ledger._close_lost_seats).
+CREATE FUNCTION ledger._acquire_seat(job text, owner text, ttl interval, pool text)
+RETURNS SETOF ledger.lease
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now  timestamptz := ledger._now();
+    v_free integer;
+    v_seat ledger.lease_seats;
+BEGIN
+    -- a seat's lost run is closed before anyone takes the seat (as a start does)
+    PERFORM ledger._close_lost_seats(job, v_now);
+    v_free := ledger._free_seat(job, v_now);
+    IF v_free IS NULL THEN
+        RETURN;
+    END IF;
+    IF pool IS NOT NULL THEN
+        IF NOT ledger._pool_admits(job, pool) THEN
+            PERFORM ledger._set_state(job, 'skipped_pool_full');
+            RETURN;
+        END IF;
+        v_now := ledger._now();  -- dated after the admission, as a single holder's
+    END IF;
+    v_seat := ledger._take_seat(job, v_free, owner, ttl, v_now);
+    IF NOT EXISTS (SELECT FROM ledger.counters c WHERE c.job = _acquire_seat.job) THEN
+        PERFORM ledger._set_state(job, 'leased');
+    END IF;
+    RETURN NEXT (v_seat.job, v_seat.owner, v_seat.token, v_seat.acquired_at, v_seat.expires_at)::ledger.lease;
+END
+$$;
+
+-- The live seat of a job that holds `token` (NULL: none), read without a
+-- lock: the failure path of the checks of a live token on the lease row.
+CREATE FUNCTION ledger._live_seat(job text, token bigint)
+RETURNS ledger.lease_seats
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_seat ledger.lease_seats;
+BEGIN
+    SELECT * INTO v_seat FROM ledger.lease_seats s
+     WHERE s.job = _live_seat.job AND s.token = _live_seat.token
+       AND s.released_at IS NULL AND s.expires_at > ledger._now();
+    RETURN v_seat;
+END
+$$;
+
 COMMENT ON FUNCTION ledger.acquire(text, text, interval) IS
     'Take the job''s lease with a new fencing token; no row when another owner holds it';
 
@@ -140,6 +274,19 @@ BEGIN
        AND l.token = renew.token
        AND l.released_at IS NULL
     RETURNING l.expires_at INTO v_expires;
+    IF NOT FOUND THEN
+        -- Seats mode (or a lost lease): the seat that holds the token, under
+        -- the job's lease row lock.
+        PERFORM FROM ledger.leases l WHERE l.job = renew.job AND l.multi FOR UPDATE;
+        IF FOUND THEN
+            UPDATE ledger.lease_seats s
+               SET expires_at = ledger._now() + ledger._exact(coalesce(renew.ttl, s.ttl)),
+                   ttl        = ledger._exact(coalesce(renew.ttl, s.ttl))
+             WHERE s.job = renew.job AND s.owner = renew.owner AND s.token = renew.token
+               AND s.released_at IS NULL
+            RETURNING s.expires_at INTO v_expires;
+        END IF;
+    END IF;
     RETURN v_expires;
 END
 $$;
@@ -168,7 +315,26 @@ BEGIN
        AND l.owner = release.owner
        AND l.token = release.token
        AND l.released_at IS NULL;
-    RETURN FOUND;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    -- Seats mode: the seat that holds the token, under the lease row lock.
+    PERFORM FROM ledger.leases l WHERE l.job = release.job AND l.multi FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE ledger.lease_seats s
+       SET expires_at  = least(s.expires_at, v_now),
+           released_at = v_now
+     WHERE s.job = release.job AND s.owner = release.owner AND s.token = release.token
+       AND s.released_at IS NULL;
+    IF FOUND THEN
+        -- a seat freed: the scheduler may start again (as the lease row's
+        -- release does, through its trigger)
+        UPDATE ledger.wakeups w SET at = v_now WHERE w.job = release.job AND (w.at IS NULL OR w.at > v_now);
+        RETURN true;
+    END IF;
+    RETURN false;
 END
 $$;
 COMMENT ON FUNCTION ledger.release(text, text, bigint) IS
@@ -189,7 +355,14 @@ BEGIN
          WHERE l.job = is_current.job
            AND l.token = is_current.token
            AND l.released_at IS NULL
-           AND l.expires_at > ledger._now());
+           AND l.expires_at > ledger._now())
+        -- seats mode: a live seat with the token
+        OR EXISTS (
+        SELECT FROM ledger.lease_seats s
+         WHERE s.job = is_current.job
+           AND s.token = is_current.token
+           AND s.released_at IS NULL
+           AND s.expires_at > ledger._now());
 END
 $$;
 COMMENT ON FUNCTION ledger.is_current(text, bigint) IS
@@ -208,6 +381,10 @@ DECLARE
 BEGIN
     SELECT * INTO v_lease FROM ledger.leases l WHERE l.job = _assert_live.job;
     IF v_lease.token = token AND v_lease.released_at IS NULL AND v_lease.expires_at > ledger._now() THEN
+        RETURN;
+    END IF;
+    -- Seats mode: a live seat with the token (each holder its own token).
+    IF v_lease.multi AND (ledger._live_seat(job, token)).job IS NOT NULL THEN
         RETURN;
     END IF;
     PERFORM ledger._raise('LD001',

@@ -55,8 +55,24 @@ BEGIN
 END
 $$;
 
--- The live leases of the pool's jobs other than `job` (whose own lease row
--- the caller holds, and is about to take or retake).
+-- Every holder of a pool's place, live or not: the lease row of each
+-- member job with a single holder, each seat of a member job in seats
+-- mode (whose lease row is only its token counter). The one definition of
+-- what a pool counts: its readers keep the live ones (released_at NULL,
+-- expires_at ahead).
+CREATE VIEW ledger._pool_holders AS
+SELECT l.pool, l.job, NULL::integer AS seat, l.expires_at, l.released_at
+  FROM ledger.leases l
+ WHERE l.pool IS NOT NULL AND NOT l.multi
+UNION ALL
+SELECT l.pool, s.job, s.seat, s.expires_at, s.released_at
+  FROM ledger.leases l
+  JOIN ledger.lease_seats s ON s.job = l.job
+ WHERE l.pool IS NOT NULL AND l.multi;
+
+-- The live holders of the pool other than `job`'s single lease (whose
+-- lease row the caller holds, and is about to take or retake; a seat being
+-- taken is free, so not counted anyway).
 CREATE FUNCTION ledger._pool_used(pool text, job text DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
@@ -64,10 +80,10 @@ STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN (SELECT count(*) FROM ledger.leases l
-             WHERE l.pool = _pool_used.pool
-               AND l.job IS DISTINCT FROM _pool_used.job
-               AND l.released_at IS NULL AND l.expires_at > ledger._now());
+    RETURN (SELECT count(*) FROM ledger._pool_holders h
+             WHERE h.pool = _pool_used.pool
+               AND (h.job IS DISTINCT FROM _pool_used.job OR h.seat IS NOT NULL)
+               AND h.released_at IS NULL AND h.expires_at > ledger._now());
 END
 $$;
 
@@ -254,8 +270,8 @@ COMMENT ON FUNCTION ledger.drop_pool(text, boolean) IS
 CREATE VIEW ledger.pool_status AS
 SELECT p.pool::text,
        p.size,
-       (SELECT count(*) FROM ledger.leases l
-         WHERE l.pool = p.pool AND l.released_at IS NULL AND l.expires_at > ledger._view_now())::integer AS used,
+       (SELECT count(*) FROM ledger._pool_holders h
+         WHERE h.pool = p.pool AND h.released_at IS NULL AND h.expires_at > ledger._view_now())::integer AS used,
        (SELECT count(*) FROM ledger.jobs j JOIN ledger.job_execution_log r ON r.job = j.job AND r.status = 'running'
          WHERE j.pool = p.pool)::integer                                                         AS running,
        (SELECT count(*) FROM ledger.jobs j WHERE j.pool = p.pool)::integer                       AS jobs,

@@ -139,6 +139,10 @@ BEGIN
         -- Read the clock once locked: a start that waited for the previous
         -- run to end must not date itself before that end.
         v_now := ledger._now();
+        -- Seats mode: the row locked is the token counter, kept released.
+        IF v_lease.multi THEN
+            RETURN ledger._start_seat(job, owner, ttl, slot, idempotency_key, detail, v_now, v_lease.pool);
+        END IF;
         -- The previous run, still running while its lease expired, ended
         -- or went to another token? Its runner is gone or a zombie: close
         -- it (counted once, in ledger._close_lost).
@@ -216,6 +220,103 @@ BEGIN
 END
 $$;
 
+-- ledger._start for a job in seats mode (ledger.leases.multi), its lease
+-- row locked: the runs whose seat is no longer theirs or no longer live are
+-- closed (superseded, lease_expired), then a slot or key done answers
+-- already_done, then a free seat is taken with a new token (none free: a
+-- skip, counted as ledger._start counts one; the job's pool full:
+-- skipped_pool_full) and the run logged in it. Order of locks: the lease
+-- row (the caller's), the seats, the pool's row, run rows, counters.
+CREATE FUNCTION ledger._start_seat(
+    job text, owner text, ttl interval, slot timestamptz, idempotency_key text, detail jsonb, at timestamptz,
+    pool text)
+RETURNS ledger.run_start
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run    ledger.job_execution_log;
+    v_free   integer;
+    v_seat   ledger.lease_seats;
+    v_result ledger.run_start;
+BEGIN
+    v_result.slot := slot;
+    PERFORM ledger._close_lost_seats(job, at);
+    IF (slot IS NOT NULL OR idempotency_key IS NOT NULL)
+       AND ledger._already_done(job, slot, idempotency_key) THEN
+        v_result.outcome := 'already_done';
+        RETURN v_result;
+    END IF;
+    v_free := ledger._free_seat(job, at);
+    IF v_free IS NULL THEN
+        -- every seat live: a skip, counted apart from failures, without a WAL flush
+        UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + 1
+          FROM (SELECT t.job, t.shard FROM ledger.skip_counts t
+                 WHERE t.job = _start_seat.job AND t.shard = pg_backend_pid() % 16
+                   FOR UPDATE SKIP LOCKED) free_
+         WHERE s.job = free_.job AND s.shard = free_.shard;
+        IF NOT FOUND THEN
+            PERFORM ledger._count_skip(job, wait => '10ms');
+        END IF;
+        -- the holder whose seat frees first
+        SELECT s.owner, s.expires_at INTO v_result.holder, v_result.holder_expires_at
+          FROM ledger.lease_seats s
+         WHERE s.job = _start_seat.job AND s.released_at IS NULL AND s.expires_at > at
+         ORDER BY s.expires_at, s.seat LIMIT 1;
+        v_result.outcome := 'skipped_overlap';
+        RETURN v_result;
+    END IF;
+    -- a seat is free: the job's own limit allows the run, now its pool's
+    IF pool IS NOT NULL THEN
+        IF NOT ledger._pool_admits(job, pool) THEN
+            RETURN ledger._pool_full(job, slot);
+        END IF;
+        at := ledger._now();  -- dated after the admission, as a single holder's
+    END IF;
+    v_seat := ledger._take_seat(job, v_free, owner, ttl, at);
+    INSERT INTO ledger.job_execution_log
+        (job, owner, token, slot, idempotency_key, status, started_at, heartbeat_at, detail, seat)
+    VALUES (v_seat.job, v_seat.owner, v_seat.token, _start_seat.slot, _start_seat.idempotency_key,
+            'running', v_seat.acquired_at, v_seat.acquired_at, _start_seat.detail, v_seat.seat)
+    RETURNING * INTO v_run;
+    UPDATE ledger.lease_seats s SET run_id = v_run.run_id WHERE s.job = v_seat.job AND s.seat = v_seat.seat;
+    PERFORM ledger._set_state(v_seat.job, 'started', v_run);
+    v_result.run_id := v_run.run_id;
+    v_result.outcome := 'started';
+    v_result.token := v_seat.token;
+    v_result.expires_at := v_seat.expires_at;
+    RETURN v_result;
+END
+$$;
+
+-- The runs of a job in seats mode whose seat is no longer live or went to
+-- another token, closed (lease_expired, superseded), its lease row locked
+-- by the caller: the first step of a start and of an acquire, so that a
+-- seat is never taken over while its lost run is still marked running.
+CREATE FUNCTION ledger._close_lost_seats(job text, at timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run  ledger.job_execution_log;
+    v_seat ledger.lease_seats;
+BEGIN
+    PERFORM FROM ledger.lease_seats s WHERE s.job = _close_lost_seats.job ORDER BY s.seat FOR UPDATE;
+    FOR v_run IN SELECT r.* FROM ledger.job_execution_log r
+                  WHERE r.job = _close_lost_seats.job AND r.status = 'running' ORDER BY r.seat LOOP
+        SELECT * INTO v_seat FROM ledger.lease_seats s WHERE s.job = v_run.job AND s.seat = v_run.seat;
+        IF v_seat.job IS NULL OR v_seat.token <> v_run.token THEN
+            PERFORM ledger._close_lost(v_run, 'superseded', at, true);
+        ELSIF v_seat.released_at IS NOT NULL OR v_seat.expires_at <= at THEN
+            PERFORM ledger._close_lost(v_run, 'lease_expired', at, true);
+        END IF;
+    END LOOP;
+END
+$$;
+
 -- A slot or an idempotency key that succeeded or is running, including
 -- those whose runs purge_log removed (it leaves ledger.purged_slots and
 -- ledger.purged_keys behind, so a purge never revives them).
@@ -270,6 +371,9 @@ BEGIN
         END IF;
         PERFORM ledger._raise_not_running(v_run);
     END IF;
+    IF v_lease.multi THEN
+        RETURN ledger._heartbeat_seat(v_run, heartbeat.ttl);
+    END IF;
     IF v_lease.token <> v_run.token OR v_lease.released_at IS NOT NULL THEN
         RETURN NULL;
     END IF;
@@ -292,6 +396,39 @@ BEGIN
     RETURN v_lease.expires_at;
 END
 $$;
+-- heartbeat of a running run of a job in seats mode, its lease row locked:
+-- the run's seat, as heartbeat does the lease row.
+CREATE FUNCTION ledger._heartbeat_seat(run ledger.job_execution_log, ttl interval)
+RETURNS timestamptz
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_seat ledger.lease_seats;
+    v_now  timestamptz;
+BEGIN
+    SELECT * INTO v_seat FROM ledger.lease_seats s WHERE s.job = run.job AND s.seat = run.seat FOR UPDATE;
+    IF v_seat.job IS NULL OR v_seat.token <> run.token OR v_seat.released_at IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    IF run.cancel_requested_at IS NOT NULL THEN
+        PERFORM ledger._end_run(run.run_id, run.token, 'failure', 'cancelled',
+                                format('cancelled by an operator (ledger.request_cancel at %s)',
+                                       run.cancel_requested_at), NULL);
+        RETURN NULL;
+    END IF;
+    v_now := ledger._now();
+    UPDATE ledger.lease_seats s
+       SET expires_at = v_now + ledger._exact(coalesce(_heartbeat_seat.ttl, s.ttl)),
+           ttl        = ledger._exact(coalesce(_heartbeat_seat.ttl, s.ttl))
+     WHERE s.job = run.job AND s.seat = run.seat
+    RETURNING s.expires_at INTO v_seat.expires_at;
+    UPDATE ledger.job_execution_log r SET heartbeat_at = v_now WHERE r.run_id = run.run_id;
+    RETURN v_seat.expires_at;
+END
+$$;
+
 COMMENT ON FUNCTION ledger.heartbeat(bigint, bigint, interval) IS
     'Renew the run''s lease and stamp heartbeat_at; NULL when the lease is lost';
 
@@ -364,6 +501,7 @@ DECLARE
     v_job    ledger.label;
     v_run    ledger.job_execution_log;
     v_lease  ledger.leases;
+    v_seat   ledger.lease_seats;
     v_detail jsonb;
     v_error  text := CASE WHEN error IS NULL OR char_length(error) <= ledger._max_error_length() THEN error
                           ELSE ledger._bounded_error(error) END;
@@ -390,7 +528,7 @@ BEGIN
             error          = v_error,
             completed_at   = greatest(ledger._now(), r.started_at)
          WHERE r.run_id = _end_run.run_id AND r.token = _end_run.token
-           AND r.token = v_lease.token AND r.status = 'running'
+           AND r.token = v_lease.token AND r.status = 'running' AND NOT v_lease.multi
         RETURNING * INTO v_run;
     END IF;
     IF v_run.run_id IS NULL THEN
@@ -405,9 +543,21 @@ BEGIN
                 jsonb_build_object('run_id', run_id, 'job', v_run.job, 'token', token,
                                    'run_token', v_run.token));
         END IF;
+        -- Seats mode: the run's seat is its lease.
+        IF v_lease.multi THEN
+            SELECT * INTO v_seat FROM ledger.lease_seats s
+             WHERE s.job = v_run.job AND s.seat = v_run.seat FOR UPDATE;
+            IF v_seat.job IS NULL OR v_seat.token <> v_run.token THEN
+                PERFORM ledger._raise('LD001',
+                    format('lease superseded: seat %s of job %s is now held with token %s, run %s had token %s',
+                           v_run.seat, v_run.job, v_seat.token, v_run.run_id, v_run.token),
+                    jsonb_build_object('run_id', v_run.run_id, 'job', v_run.job, 'token', v_run.token,
+                                       'seat', v_run.seat, 'current_token', v_seat.token,
+                                       'holder', v_seat.owner, 'verdict', v_run.failure_reason));
+            END IF;
         -- A newer token took the job over: the zombie learns it lost, and the
         -- row keeps the takeover's verdict.
-        IF v_lease.token <> v_run.token THEN
+        ELSIF v_lease.token <> v_run.token THEN
             PERFORM ledger._raise('LD001',
                 format('lease superseded: job %s is now held with token %s, run %s had token %s',
                        v_run.job, v_lease.token, v_run.run_id, v_run.token),
@@ -444,6 +594,16 @@ BEGIN
         RETURNING * INTO v_run;
     END IF;
 
+    IF v_lease.multi THEN
+        UPDATE ledger.lease_seats s
+           SET expires_at = least(s.expires_at, v_run.completed_at),
+               released_at = coalesce(s.released_at, v_run.completed_at), run_id = NULL
+         WHERE s.job = v_run.job AND s.seat = v_run.seat AND s.token = v_run.token;
+        UPDATE ledger.wakeups w SET at = v_run.completed_at
+         WHERE w.job = v_run.job AND (w.at IS NULL OR w.at > v_run.completed_at);
+        PERFORM ledger._set_state(v_run.job, 'ended', v_run, seats => true);
+        RETURN v_run;
+    END IF;
     -- The token stays: it is the job's high-water mark.
     UPDATE ledger.leases l
        SET expires_at = least(l.expires_at, v_run.completed_at), released_at = v_run.completed_at
@@ -608,6 +768,10 @@ BEGIN
                         WHERE r.job = l.job AND r.status = 'running')
            FOR UPDATE OF l SKIP LOCKED
     LOOP
+        IF v_lease.multi THEN
+            v_closed := v_closed + ledger._reap_seats(v_lease.job, v_now);
+            CONTINUE;
+        END IF;
         SELECT * INTO v_run FROM ledger.job_execution_log r WHERE r.job = v_lease.job AND r.status = 'running';
         CONTINUE WHEN NOT FOUND
                    OR (v_lease.token = v_run.token AND v_lease.released_at IS NULL AND v_lease.expires_at > v_now);
@@ -625,3 +789,33 @@ END
 $$;
 COMMENT ON FUNCTION ledger.reap_expired(text) IS
     'Close every running run whose lease expired as failure (lease_expired); safe to call concurrently';
+
+-- reap_expired for a job in seats mode, its lease row locked: every running
+-- run whose seat is not live (or went to another token) closed, and its
+-- seat released. Returns the number closed.
+CREATE FUNCTION ledger._reap_seats(job text, at timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_run    ledger.job_execution_log;
+    v_seat   ledger.lease_seats;
+    v_closed integer := 0;
+BEGIN
+    PERFORM FROM ledger.lease_seats s WHERE s.job = _reap_seats.job ORDER BY s.seat FOR UPDATE;
+    FOR v_run IN SELECT r.* FROM ledger.job_execution_log r
+                  WHERE r.job = _reap_seats.job AND r.status = 'running' ORDER BY r.seat LOOP
+        SELECT * INTO v_seat FROM ledger.lease_seats s WHERE s.job = v_run.job AND s.seat = v_run.seat;
+        CONTINUE WHEN v_seat.job IS NOT NULL AND v_seat.token = v_run.token
+                      AND v_seat.released_at IS NULL AND v_seat.expires_at > at;
+        PERFORM ledger._close_lost(v_run, CASE WHEN v_seat.job IS NULL OR v_seat.token <> v_run.token
+                                               THEN 'superseded' ELSE 'lease_expired' END, at, true);
+        UPDATE ledger.lease_seats s SET released_at = at, expires_at = least(s.expires_at, at)
+         WHERE s.job = v_run.job AND s.seat = v_run.seat AND s.token = v_run.token AND s.released_at IS NULL;
+        v_closed := v_closed + 1;
+    END LOOP;
+    RETURN v_closed;
+END
+$$;

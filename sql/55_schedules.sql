@@ -172,7 +172,8 @@ CREATE FUNCTION ledger.register_job(
     jitter interval DEFAULT NULL,
     start_deadline interval DEFAULT NULL,
     overlap_policy text DEFAULT NULL,
-    pool text DEFAULT NULL)
+    pool text DEFAULT NULL,
+    max_concurrent integer DEFAULT NULL)
 RETURNS ledger.jobs
 LANGUAGE plpgsql
 VOLATILE
@@ -185,11 +186,18 @@ DECLARE
     v_job   ledger.jobs;
     v_ahead timestamptz;  -- the newest slot done
     v_new   boolean;
+    v_lease ledger.leases;
 BEGIN
     PERFORM ledger._check_label(job, 'job');
     -- a pool's name, or '' for none (NULL keeps the job's)
     IF pool <> '' THEN
         PERFORM ledger._check_label(pool, 'pool');
+    END IF;
+    IF max_concurrent < 1 OR max_concurrent > ledger._max_concurrent() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument max_concurrent must be from 1 to %s', ledger._max_concurrent()),
+            DETAIL = jsonb_build_object('argument', 'max_concurrent', 'value', max_concurrent,
+                                        'max', ledger._max_concurrent())::text;
     END IF;
     IF max_backfill < 1 OR max_backfill > ledger._max_backfill() THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
@@ -222,7 +230,7 @@ BEGIN
     -- registration as it is, locked (a first one: created, then locked). FOR NO KEY UPDATE, as the UPDATE below would: a
     -- start's foreign key checks (FOR KEY SHARE) on this row must never wait
     -- on a registration.
-    PERFORM ledger._lock_registration(register_job.job);
+    v_lease := ledger._lock_registration(register_job.job);
     SELECT * INTO v_old FROM ledger.jobs j WHERE j.job = register_job.job FOR NO KEY UPDATE;
     v_new := NOT FOUND;
     IF v_new THEN
@@ -253,6 +261,22 @@ BEGIN
     v_job.pool := CASE WHEN register_job.pool IS NULL THEN v_old.pool ELSE nullif(register_job.pool, '') END;
     IF v_job.pool IS DISTINCT FROM v_old.pool AND v_job.pool IS NOT NULL THEN
         PERFORM ledger._registered_pool(v_job.pool);  -- LD008 (the row's foreign key holds it from here)
+    END IF;
+    v_job.max_concurrent := coalesce(register_job.max_concurrent, v_old.max_concurrent);
+    -- replace and buffer_one speak of the one running run: not with seats
+    -- (nor for a job in seats mode whose max_concurrent went back to 1)
+    IF (v_job.max_concurrent > 1 OR coalesce(v_lease.multi, false))
+       AND v_job.overlap_policy IN ('replace', 'buffer_one') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('argument %s: overlap_policy %s needs max_concurrent 1 (job %s would have '
+                             'overlap_policy %s and max_concurrent %s); use catch_up or skip',
+                             CASE WHEN register_job.overlap_policy IS NOT NULL THEN 'overlap_policy'
+                                  ELSE 'max_concurrent' END,
+                             v_job.overlap_policy, job, v_job.overlap_policy, v_job.max_concurrent),
+            DETAIL = jsonb_build_object('argument', CASE WHEN register_job.overlap_policy IS NOT NULL
+                                                         THEN 'overlap_policy' ELSE 'max_concurrent' END,
+                                        'overlap_policy', v_job.overlap_policy,
+                                        'max_concurrent', v_job.max_concurrent)::text;
     END IF;
     IF v_job.schedule IS NOT NULL THEN
         -- parsed once, here: the spec depends on the schedule and the zone
@@ -298,9 +322,14 @@ BEGIN
         start_deadline       = v_job.start_deadline,
         overlap_policy       = v_job.overlap_policy,
         pool                 = v_job.pool,
+        max_concurrent       = v_job.max_concurrent,
         updated_at           = CASE WHEN v_new THEN j.updated_at ELSE ledger._now() END
      WHERE j.job = register_job.job
     RETURNING * INTO v_job;
+    -- seats first: a lease row it makes takes the pool's copy below
+    IF v_job.max_concurrent > 1 AND NOT coalesce(v_lease.multi, false) THEN
+        PERFORM ledger._enter_seats(register_job.job, v_lease);
+    END IF;
     IF v_job.pool IS DISTINCT FROM v_old.pool THEN
         -- the copy on the lease row, under its lock (taken above)
         UPDATE ledger.leases l SET pool = v_job.pool WHERE l.job = register_job.job;
@@ -317,9 +346,47 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION ledger.register_job(text, text, interval, integer, text, interval, interval, interval,
-                                        interval, integer, interval, interval, text, text) IS
+                                        interval, integer, interval, interval, text, text, integer) IS
     'Register a job or change the options given: schedule, default ttl, catch-up bound, time zone, health bounds, '
-    'jitter, start deadline, overlap policy, pool';
+    'jitter, start deadline, overlap policy, pool, max concurrent runs';
+
+-- A job enters seats mode (its first max_concurrent > 1), under its lease
+-- row lock (`lease`, NULL when it has none, the lock that stands for it
+-- held: ledger._lock_registration): the lease row becomes the token
+-- counter, kept released, and its holder, live or not, moves into seat 1
+-- with its token and expiry, so its run (seat 1) keeps its lease. A job
+-- without a lease row gets one, with its first token spent on none. A job
+-- stays in seats mode for good (max_concurrent lowered to 1: one seat).
+CREATE FUNCTION ledger._enter_seats(job text, lease ledger.leases)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now      timestamptz := ledger._now();
+    v_timeline integer;
+BEGIN
+    IF lease.job IS NULL THEN
+        v_timeline := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer;
+        INSERT INTO ledger.leases (job, owner, token, ttl, acquired_at, expires_at, released_at, timeline,
+                                   pool, multi)
+        VALUES (_enter_seats.job, _enter_seats.job, ledger._next_token(NULL, NULL, v_timeline),
+                interval '1 second', v_now, v_now, v_now, v_timeline,
+                (SELECT j.pool FROM ledger.jobs j WHERE j.job = _enter_seats.job), true);
+        RETURN;
+    END IF;
+    INSERT INTO ledger.lease_seats (job, seat, owner, token, ttl, acquired_at, expires_at, released_at, run_id)
+    VALUES (lease.job, 1, lease.owner, lease.token, lease.ttl, lease.acquired_at, lease.expires_at,
+            lease.released_at,
+            (SELECT r.run_id FROM ledger.job_execution_log r
+              WHERE r.job = lease.job AND r.status = 'running' AND r.token = lease.token));
+    UPDATE ledger.leases l
+       SET multi = true, released_at = coalesce(l.released_at, greatest(v_now, l.acquired_at)),
+           expires_at = least(l.expires_at, coalesce(l.released_at, greatest(v_now, l.acquired_at)))
+     WHERE l.job = lease.job;
+END
+$$;
 
 -- Set a registered job's pause flag: true when that changed it (LD005 when
 -- the job was never registered). The body of pause_job and resume_job.

@@ -30,10 +30,14 @@ BEGIN
         PERFORM ledger._raise('LD005', format('job not found: %s was never registered', job),
             jsonb_build_object('job', job));
     END IF;
-    SELECT * INTO v_running FROM ledger.job_execution_log r
-     WHERE r.job = unregister_job.job AND r.status = 'running';
-    IF FOUND AND v_lease.token = v_running.token AND v_lease.released_at IS NULL
-       AND v_lease.expires_at > ledger._now() THEN
+    -- live: its token is the lease's (seats mode: its seat's), and that is live
+    SELECT r.* INTO v_running FROM ledger.job_execution_log r
+      LEFT JOIN ledger.lease_seats s ON v_lease.multi AND s.job = r.job AND s.seat = r.seat
+     WHERE r.job = unregister_job.job AND r.status = 'running'
+       AND CASE WHEN v_lease.multi THEN s.token = r.token AND s.released_at IS NULL AND s.expires_at > ledger._now()
+                ELSE v_lease.token = r.token AND v_lease.released_at IS NULL AND v_lease.expires_at > ledger._now() END
+     LIMIT 1;
+    IF FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('argument job names %s, whose run %s is live: cancel it (ledger.request_cancel) or '
                              'force-release its lease (ledger.force_release) first', job, v_running.run_id),
@@ -45,6 +49,7 @@ BEGIN
     DELETE FROM ledger.jobs j WHERE j.job = unregister_job.job;  -- skipped_slots cascade
     v_found := FOUND;
     IF with_history THEN
+        UPDATE ledger.lease_seats s SET run_id = NULL WHERE s.job = unregister_job.job AND s.run_id IS NOT NULL;
         DELETE FROM ledger.job_execution_log r WHERE r.job = unregister_job.job;
         DELETE FROM ledger.skip_counts s WHERE s.job = unregister_job.job;
         DELETE FROM ledger.purged_slots p WHERE p.job = unregister_job.job;
@@ -97,6 +102,9 @@ BEGIN
     END IF;
     v_now := ledger._now();
     v_timeline := ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::integer;
+    IF v_lease.multi THEN
+        RETURN ledger._force_release_seats(job, v_now, v_timeline);
+    END IF;
     UPDATE ledger.leases l SET
         token       = ledger._next_token(l.token, l.timeline, v_timeline),
         timeline    = v_timeline,
@@ -113,6 +121,48 @@ BEGIN
     RETURN v_lease.token;
 END
 $$;
+-- force_release of a job in seats mode, its lease row locked: every seat
+-- gets a new token of its own, released at once (so each old holder's
+-- token is superseded, as a single holder's is), and every running run is
+-- closed (superseded). Returns the last token issued.
+CREATE FUNCTION ledger._force_release_seats(job text, at timestamptz, timeline integer)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_seat    ledger.lease_seats;
+    v_token   bigint;
+    v_running ledger.job_execution_log;
+BEGIN
+    FOR v_seat IN SELECT * FROM ledger.lease_seats s WHERE s.job = _force_release_seats.job
+                   ORDER BY s.seat FOR UPDATE LOOP
+        UPDATE ledger.leases l SET
+            token       = ledger._next_token(l.token, l.timeline, _force_release_seats.timeline),
+            timeline    = _force_release_seats.timeline,
+            acquired_at = at, expires_at = at, released_at = at
+         WHERE l.job = _force_release_seats.job
+        RETURNING l.token INTO v_token;
+        UPDATE ledger.lease_seats s SET token = v_token, acquired_at = at, expires_at = at, released_at = at
+         WHERE s.job = v_seat.job AND s.seat = v_seat.seat;
+    END LOOP;
+    IF v_token IS NULL THEN  -- no seat yet: a new token all the same
+        UPDATE ledger.leases l SET
+            token       = ledger._next_token(l.token, l.timeline, _force_release_seats.timeline),
+            timeline    = _force_release_seats.timeline,
+            acquired_at = at, expires_at = at, released_at = at
+         WHERE l.job = _force_release_seats.job
+        RETURNING l.token INTO v_token;
+    END IF;
+    FOR v_running IN SELECT r.* FROM ledger.job_execution_log r
+                      WHERE r.job = _force_release_seats.job AND r.status = 'running' ORDER BY r.seat LOOP
+        PERFORM ledger._close_lost(v_running, 'superseded', at, true);
+    END LOOP;
+    RETURN v_token;
+END
+$$;
+
 COMMENT ON FUNCTION ledger.force_release(text) IS
     'Release a job''s lease whoever holds it: a new token supersedes the holder''s, its running run is closed';
 

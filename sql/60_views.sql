@@ -21,7 +21,9 @@ COMMENT ON VIEW ledger.job_counters IS
     'Per job: runs started, successes, failures, skips by overlap and by backfill limit, leases lost, skips by start deadline, '
     'starts skipped by a full pool';
 
--- Pairs of runs of one job whose time spans overlap. Should always be empty:
+-- Pairs of runs of one job and seat whose time spans overlap (a job of
+-- max_concurrent N has seats 1 .. N: N + 1 runs at once put two in one
+-- seat; a single-holder job has seat 1 only). Should always be empty:
 -- it is the audit that proves it. A window over start order finds the runs
 -- that start before an earlier one ended, so the cost stays O(n log n) and
 -- the pair join only touches offenders.
@@ -29,7 +31,7 @@ CREATE VIEW ledger.overlaps AS
 WITH ordered AS (
     SELECT r.run_id, r.job, r.started_at,
            max(coalesce(r.completed_at, 'infinity')) OVER (
-               PARTITION BY r.job ORDER BY r.started_at, r.run_id
+               PARTITION BY r.job, r.seat ORDER BY r.started_at, r.run_id
                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier_end
       FROM ledger.job_execution_log r
 )
@@ -48,6 +50,7 @@ SELECT a.job,
   JOIN ledger.job_execution_log b ON b.run_id = o.run_id
   JOIN ledger.job_execution_log a
     ON a.job = o.job
+   AND a.seat = b.seat
    AND (a.started_at, a.run_id) < (o.started_at, o.run_id)
    AND coalesce(a.completed_at, 'infinity') > o.started_at
  WHERE o.earlier_end > o.started_at;

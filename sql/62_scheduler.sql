@@ -392,6 +392,11 @@ BEGIN
     END IF;
 
     v_floor := greatest(ledger._newest_done_slot(v_job.job), ledger._skip_floor(v_job.job));
+    IF v_lease.multi THEN
+        -- seats: the slots running in the other seats are taken too
+        v_floor := greatest(v_floor, (SELECT max(r.slot) FROM ledger.job_execution_log r
+                                       WHERE r.job = v_job.job AND r.status = 'running'));
+    END IF;
     IF batch AND v_state.last_run_id IS NOT NULL THEN
         -- start_due_runs never retries a slot whose run failed or was
         -- cancelled (a command's retries are its runner's): catch-up goes on
@@ -485,17 +490,24 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now timestamptz := ledger._now();
+    v_now  timestamptz := ledger._now();
+    v_pool text;
 BEGIN
-    IF TG_TABLE_NAME = 'leases' THEN
+    IF TG_TABLE_NAME IN ('leases', 'lease_seats') THEN
         UPDATE ledger.wakeups w SET at = v_now
           FROM ledger.jobs j
          WHERE w.job = NEW.job AND j.job = NEW.job AND (w.at IS NULL OR w.at > v_now)
            AND (j.schedule IS NOT NULL
                 OR EXISTS (SELECT FROM ledger.triggers t WHERE t.job = NEW.job AND t.status = 'pending'));
-        -- a place in the job's pool freed: the jobs waiting for one
-        IF NEW.pool IS NOT NULL THEN
-            PERFORM ledger._wake_pool(NEW.pool);
+        -- a place in the job's pool freed: the jobs waiting for one (a
+        -- seat's pool is on its job's lease row, locked by the writer)
+        IF TG_TABLE_NAME = 'leases' THEN
+            v_pool := NEW.pool;
+        ELSE
+            SELECT l.pool INTO v_pool FROM ledger.leases l WHERE l.job = NEW.job;
+        END IF;
+        IF v_pool IS NOT NULL THEN
+            PERFORM ledger._wake_pool(v_pool);
         END IF;
     ELSE
         INSERT INTO ledger.wakeups AS w (job, at) VALUES (NEW.job, v_now)
@@ -514,6 +526,12 @@ CREATE TRIGGER triggers_wake
     FOR EACH ROW WHEN (NEW.status = 'pending') EXECUTE FUNCTION ledger._wake_job();
 CREATE TRIGGER leases_wake
     AFTER UPDATE OF released_at, expires_at ON ledger.leases
+    FOR EACH ROW WHEN ((OLD.released_at IS NULL AND NEW.released_at IS NOT NULL) OR NEW.expires_at < OLD.expires_at)
+    EXECUTE FUNCTION ledger._wake_job();
+-- a seat's end, release or cut (seats mode): a place of the job, and of
+-- its pool, freed
+CREATE TRIGGER lease_seats_wake
+    AFTER UPDATE OF released_at, expires_at ON ledger.lease_seats
     FOR EACH ROW WHEN ((OLD.released_at IS NULL AND NEW.released_at IS NOT NULL) OR NEW.expires_at < OLD.expires_at)
     EXECUTE FUNCTION ledger._wake_job();
 
@@ -594,7 +612,7 @@ BEGIN
                    (SELECT s.slot + CASE WHEN j.jitter IS NULL THEN interval '0' ELSE ledger._jitter(j.job, s.slot, j.jitter) END
                       FROM (SELECT ledger._slot_after(j.schedule_spec, j.time_zone,
                                                       greatest(c.done_slot, rr.slot, f.last_slot, j.created_at)) AS slot) s)
-               WHEN x.live THEN l.expires_at
+               WHEN x.live THEN x.live_until
                WHEN t.trigger_id IS NOT NULL THEN v_now
                WHEN j.schedule IS NULL THEN NULL
                ELSE (SELECT s.slot + CASE WHEN j.jitter IS NULL THEN interval '0' ELSE ledger._jitter(j.job, s.slot, j.jitter) END
@@ -616,8 +634,19 @@ BEGIN
       LEFT JOIN LATERAL (SELECT k.last_slot FROM ledger.skipped_slots k WHERE k.job = j.job
                           ORDER BY k.first_slot DESC LIMIT 1) f ON true
      CROSS JOIN LATERAL (
-           SELECT coalesce(l.released_at IS NULL AND l.expires_at > v_now, false) AS live,
+           -- seats mode: live while every seat is, until the first one frees
+           SELECT CASE WHEN l.multi
+                       THEN (SELECT count(*) >= j.max_concurrent FROM ledger.lease_seats ls
+                              WHERE ls.job = j.job AND ls.released_at IS NULL AND ls.expires_at > v_now)
+                       ELSE coalesce(l.released_at IS NULL AND l.expires_at > v_now, false) END AS live,
+                  CASE WHEN l.multi
+                       THEN (SELECT min(ls.expires_at) FROM ledger.lease_seats ls
+                              WHERE ls.job = j.job AND ls.released_at IS NULL AND ls.expires_at > v_now)
+                       ELSE l.expires_at END AS live_until,
                   greatest(c.done_slot, f.last_slot,
+                           -- seats: the slots running in the other seats are taken too
+                           CASE WHEN l.multi THEN (SELECT max(r.slot) FROM ledger.job_execution_log r
+                                                    WHERE r.job = j.job AND r.status = 'running') END,
                            CASE WHEN lr.status = 'failure' AND lr.failure_reason IN ('error', 'cancelled')
                                 THEN lr.slot END) AS floor) x
      WHERE j.job = _next_start_of.job);
@@ -759,14 +788,16 @@ BEGIN
                SET pool_wait = v_job.pool,
                    waiting_since = coalesce(w.waiting_since, w.at),
                    at = least(ledger._now() + interval '10 seconds',
-                              (SELECT min(l.expires_at) FROM ledger.leases l
-                                WHERE l.pool = v_job.pool AND l.released_at IS NULL AND l.expires_at > ledger._now()))
+                              (SELECT min(h.expires_at) FROM ledger._pool_holders h
+                                WHERE h.pool = v_job.pool AND h.released_at IS NULL AND h.expires_at > ledger._now()))
              WHERE w.job = v_name;
             CONTINUE;
         END IF;
         -- started, and not under replace: nothing starts before the lease
         -- ends (_next_start_of's answer, without asking it)
+        -- (with seats, a free one may start the next slot: asked)
         UPDATE ledger.wakeups w SET at = CASE WHEN (v_result.start).outcome = 'started' AND v_job.overlap_policy <> 'replace'
+                                                   AND v_job.max_concurrent = 1
                                               THEN (v_result.start).expires_at
                                               ELSE ledger._next_start_of(v_name) END,
                                     pool_wait = NULL, waiting_since = NULL
@@ -924,7 +955,8 @@ AS $$
 BEGIN
     RETURN '{"schedule": null, "ttl": null, "max_backfill": 1, "time_zone": "UTC", "late_after": "0",
              "down_after": "0", "min_runtime": "0", "max_runtime": "0", "pause_after_failures": 0,
-             "jitter": "0", "start_deadline": "0", "overlap_policy": "catch_up", "pool": ""}'::jsonb;
+             "jitter": "0", "start_deadline": "0", "overlap_policy": "catch_up", "pool": "",
+             "max_concurrent": 1}'::jsonb;
 END
 $$;
 
@@ -958,6 +990,7 @@ DECLARE
     v_sd    interval;
     v_op    text;
     v_pool  text;
+    v_mc    integer;
 BEGIN
     BEGIN
         FOR v_key IN SELECT k FROM jsonb_object_keys(v_def) k ORDER BY 1 LOOP
@@ -979,11 +1012,13 @@ BEGIN
         v_key := 'start_deadline'; v_sd := (v_def ->> 'start_deadline')::interval;
         v_key := 'overlap_policy'; v_op := v_def ->> 'overlap_policy';
         v_key := 'pool';           v_pool := v_def ->> 'pool';
+        v_key := 'max_concurrent'; v_mc := (v_def ->> 'max_concurrent')::integer;
         v_key := NULL;
         RETURN ledger.register_job(job => job, schedule => v_s, ttl => v_ttl, max_backfill => v_mb,
                                    time_zone => v_tz, late_after => v_la, down_after => v_da, min_runtime => v_mi,
                                    max_runtime => v_ma, pause_after_failures => v_paf, jitter => v_ji,
-                                   start_deadline => v_sd, overlap_policy => v_op, pool => v_pool);
+                                   start_deadline => v_sd, overlap_policy => v_op, pool => v_pool,
+                                   max_concurrent => v_mc);
     EXCEPTION WHEN data_exception OR SQLSTATE 'LD005' OR SQLSTATE 'LD008' THEN
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT, v_detail = PG_EXCEPTION_DETAIL;
         BEGIN

@@ -598,7 +598,7 @@ def strategy_for(arg: Arg, live: Live) -> st.SearchStrategy[Any]:
         return st.one_of(st.none(), st.sampled_from([999, 1000, 1_000_000_000, 1_000_000_001, 0, -1]),
                          st.integers(-2**63, 2**63 - 1))
     if key in {("max_backfill", "integer"), ("count", "integer"), ("pause_after_failures", "integer"),
-               ("pid", "integer"), ("max_runs", "integer")}:
+               ("pid", "integer"), ("max_runs", "integer"), ("max_concurrent", "integer")}:
         return integers32()
     if key == ("jobs", "text[]"):
         return st.one_of(st.none(), st.lists(labels(live.jobs), max_size=4))
@@ -667,6 +667,7 @@ def friendly(live: Live) -> dict[str, st.SearchStrategy[Any]]:
         "fenced": st.one_of(st.none(), st.just([]), st.lists(known(live.resources, "fz-r"), max_size=2)),
         "jobs": known([["every"], ["nightly", "every", "minutely"], [], ["fz-new"]]),
         "overlap_policy": known([None, *OVERLAP_POLICIES]),
+        "max_concurrent": known([None, 1, 2]),
         "jitter": known([None, "0", "1 second", "1 minute"]),
         "start_deadline": known([None, "0", "30 seconds", "1 hour"]),
         "requested_by": known([None, "operator", "cli"]),
@@ -806,7 +807,8 @@ LABEL_ARGS = frozenset({"job", "owner", "resource", "idempotency_key", "requeste
                         "version", "source", "pool"})
 OVERLAP_POLICIES = ("catch_up", "skip", "buffer_one", "replace")
 DEFINITION_KEYS = ("schedule", "ttl", "max_backfill", "time_zone", "late_after", "down_after", "min_runtime",
-                   "max_runtime", "pause_after_failures", "jitter", "start_deadline", "overlap_policy", "pool")
+                   "max_runtime", "pause_after_failures", "jitter", "start_deadline", "overlap_policy", "pool",
+                   "max_concurrent")
 INSTANT_ARGS = frozenset({"slot", "at", "after", "from_slot", "to_slot"})
 
 # The facts bound_violations() needs, computed by PostgreSQL from the value
@@ -964,6 +966,8 @@ def bound_violations(call: Call, facts: dict[str, Any]) -> list[str]:
                 problems.append(f"detail is {size} bytes as text (over 65536)")
         elif arg.name == "size" and not 1 <= fact <= 100_000:
             problems.append(f"size {fact} is outside 1 to 100000")
+        elif arg.name == "max_concurrent" and not 1 <= fact <= 1000:
+            problems.append(f"max_concurrent {fact} is outside 1 to 1000")
         elif arg.name == "max_backfill" and not 1 <= fact <= 1000:
             problems.append(f"max_backfill {fact} is outside 1 to 1000")
         elif arg.name == "pause_after_failures" and not 0 <= fact <= 1000:

@@ -30,6 +30,7 @@ def value(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
 STATE_QUERY = """
 SELECT (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job), '[]') FROM ledger.jobs t)
     || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job), '[]') FROM ledger.leases t)
+    || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job, t.seat), '[]') FROM ledger.lease_seats t)
     || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.resource), '[]') FROM ledger.fences t)
     || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.run_id), '[]') FROM ledger.job_execution_log t)
     || (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.job), '[]') FROM ledger.counters t)

@@ -53,13 +53,16 @@ OVERLAP_POLICIES = ("catch_up", "skip", "buffer_one", "replace")
               help="Put JOB in the registered pool NAME (`jobledger pool register`): its starts share the "
                    "pool's limit; '' takes it out of its pool.")
 @click.option("--no-pool", is_flag=True, help="Take JOB out of its pool (as --pool '').")
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Up to N live runs at once, each in its own seat with its own token; first default 1 "
+                   "(replace and buffer_one need 1).")
 @json_option
 @dsn_option
 def register(job: str, schedule: str | None, ttl: timedelta | None, max_backfill: int | None,
              time_zone: str | None, late_after: timedelta | None, down_after: timedelta | None,
              min_runtime: timedelta | None, max_runtime: timedelta | None, pause_after_failures: int | None,
              jitter: timedelta | None, start_deadline: timedelta | None, overlap_policy: str | None,
-             pool: str | None, no_pool: bool, as_json: bool, dsn: str) -> None:
+             pool: str | None, no_pool: bool, max_concurrent: int | None, as_json: bool, dsn: str) -> None:
     """Register JOB, or change the options given of a registered JOB (the others stay as they are)."""
     if no_pool:
         if pool:
@@ -70,7 +73,7 @@ def register(job: str, schedule: str | None, ttl: timedelta | None, max_backfill
             job, schedule=schedule, ttl=ttl, max_backfill=max_backfill, time_zone=time_zone,
             late_after=late_after, down_after=down_after, min_runtime=min_runtime, max_runtime=max_runtime,
             pause_after_failures=pause_after_failures, jitter=jitter, start_deadline=start_deadline,
-            overlap_policy=overlap_policy, pool=pool)
+            overlap_policy=overlap_policy, pool=pool, max_concurrent=max_concurrent)
     if as_json:
         click.echo(render.to_json(registered))
         return
@@ -87,6 +90,8 @@ def register(job: str, schedule: str | None, ttl: timedelta | None, max_backfill
         bounds.append(f"overlap policy {registered.overlap_policy}")
     if registered.pool is not None:
         bounds.append(f"pool {registered.pool}")
+    if registered.max_concurrent != 1:
+        bounds.append(f"max concurrent {registered.max_concurrent}")
     click.echo(f"registered {registered.job}: {what}, ttl {ttl_text}, max backfill {registered.max_backfill}"
                + "".join(f", {b}" for b in bounds)
                + (" (paused)" if registered.paused else ""))

@@ -43,7 +43,7 @@ __all__ = ["JobDefinition", "definition", "JobsFile", "JobsFileError", "Problem"
 #: register_job's arguments that take a duration (interval).
 DURATION_KEYS = ("ttl", "late_after", "down_after", "min_runtime", "max_runtime", "jitter", "start_deadline")
 #: register_job's arguments that take an integer.
-INTEGER_KEYS = ("max_backfill", "pause_after_failures")
+INTEGER_KEYS = ("max_backfill", "pause_after_failures", "max_concurrent")
 #: register_job's arguments that take text.
 TEXT_KEYS = ("schedule", "time_zone", "overlap_policy", "pool")
 REGISTER_KEYS = TEXT_KEYS + DURATION_KEYS + INTEGER_KEYS
@@ -278,7 +278,7 @@ def _job(name: str, table: Any, problems: list[Problem], *, require_command: boo
             if duration is not None:
                 register[key] = duration
         elif key in INTEGER_KEYS:
-            if _integer(value, name, key, problems, low=1 if key == "max_backfill" else 0):
+            if _integer(value, name, key, problems, low=1 if key in ("max_backfill", "max_concurrent") else 0):
                 register[key] = value
         elif key in TEXT_KEYS:
             if not isinstance(value, str):
@@ -297,6 +297,10 @@ def _job(name: str, table: Any, problems: list[Problem], *, require_command: boo
     if isinstance(policy, str) and policy not in OVERLAP_POLICIES:
         problems.append(Problem(name, "overlap_policy", f"must be one of {', '.join(OVERLAP_POLICIES)} "
                                                         f"(got {policy!r})"))
+    if isinstance(register.get("max_concurrent"), int) and register["max_concurrent"] > 1 \
+            and policy in ("replace", "buffer_one"):
+        problems.append(Problem(name, "overlap_policy", f"{policy} needs max_concurrent 1 "
+                                                        f"(got {register['max_concurrent']})"))
     command = _command(name, table.get("command"), problems, required=require_command)
     env = table.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):

@@ -119,7 +119,7 @@ def test_every_public_function_is_security_definer_with_a_fixed_search_path(db):
 
 
 INLINED = ["_advice_min_runs", "_advice_min_ttl", "_alert_sync_idle_limit", "_ddl_lock_wait", "_down_after_slots",
-           "_failing_after", "_is_visible_text", "_lock_wait", "_max_backfill", "_max_detail_bytes", "_max_error_length",
+           "_failing_after", "_is_visible_text", "_lock_wait", "_max_backfill", "_max_concurrent", "_max_detail_bytes", "_max_error_length",
            "_max_every", "_max_health_bound", "_max_instant", "_max_older_than", "_max_pause_after_failures",
            "_max_preview_slots", "_max_schedule_length", "_max_pool_size",
            "_max_ttl", "_min_every",
