@@ -33,17 +33,26 @@ log = logging.getLogger("ledger.scheduler")
 def sync_jobs(conn: psycopg.Connection[Any], jobs: Mapping[str, JobDefinition], *, source: str,
               removed: str = "pause", say: Callable[[str], None] | None = None) -> list[tuple[str, str]]:
     """Sync ``jobs`` as ``source``'s whole set; the (job, action) rows, each action said but ``unchanged``."""
+    rows = _sync(conn, jobs, source, removed)
+    _say_actions(rows, source, say)
+    return rows
+
+
+def _sync(conn: psycopg.Connection[Any], jobs: Mapping[str, JobDefinition], source: str,
+          removed: str) -> list[tuple[str, str]]:
     definitions = {name: job.sql_arguments() for name, job in jobs.items()}
     with conn.cursor(row_factory=dict_row) as cursor:
         cursor.execute(queries.SYNC_JOBS, {"definitions": json.dumps(definitions), "source": source,
                                            "removed": removed})
-        rows = [(row["job"], row["action"]) for row in cursor.fetchall()]
+        return [(row["job"], row["action"]) for row in cursor.fetchall()]
+
+
+def _say_actions(rows: list[tuple[str, str]], source: str, say: Callable[[str], None] | None) -> None:
     for job, action in rows:
         if action == "overridden":
             log.warning("job %s: its definition from %s overrides another source's (last writer wins)", job, source)
         elif action != "unchanged" and say is not None:
             say(f"job {job}: {action}")
-    return rows
 
 
 def register_pools(conn: psycopg.Connection[Any], pools: Mapping[str, int], *,
@@ -61,10 +70,17 @@ def register_pools(conn: psycopg.Connection[Any], pools: Mapping[str, int], *,
 def sync_file(conn: psycopg.Connection[Any], loaded: JobsFile, *,
               say: Callable[[str], None] | None = None) -> list[tuple[str, str]]:
     """The file into the ledger in one transaction: its ``[pools]`` registered first (so that a job's
-    ``pool`` may name one), then its jobs synced; a refused file changes nothing, its pools neither."""
+    ``pool`` may name one), then its jobs synced; a refused file changes nothing, its pools neither.
+    What changed is said once committed: a line in the log is in the ledger."""
+    said: list[str] = []
     with conn.transaction():
-        register_pools(conn, loaded.pools, say=say)
-        return sync_jobs(conn, loaded.jobs, source=loaded.source, removed=loaded.removed, say=say)
+        register_pools(conn, loaded.pools, say=said.append)
+        rows = _sync(conn, loaded.jobs, loaded.source, loaded.removed)
+    if say is not None:
+        for line in said:
+            say(line)
+    _say_actions(rows, loaded.source, say)
+    return rows
 
 
 class FileWatch:

@@ -476,7 +476,7 @@ def _latest_run_per_job(columns, result, facts):
 
 
 def _ledger_views(columns, result, facts):
-    assert [r[0] for r in result] == ["_job_state", "alerts", "db_risks", "duplicates", "job_counters", "job_health",
+    assert [r[0] for r in result] == ["_job_state", "_pool_holders", "alerts", "db_risks", "duplicates", "job_counters", "job_health",
                                        "job_status", "overlaps", "pool_status", "protected_tables", "run_stats", "trigger_status",
                                        "ttl_advice"]
 
