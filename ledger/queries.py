@@ -650,9 +650,21 @@ SELECT (SELECT p.run_id FROM ledger.job_execution_log AS p
 # The job's lease as it is now (a run's token is current while it matches a live lease).
 WEB_LEASE = """
 SELECT l.owner, l.token, l.ttl, l.acquired_at, l.expires_at, l.released_at, l.timeline,
-       (l.released_at IS NULL AND l.expires_at > now()) AS live
+       (l.released_at IS NULL AND l.expires_at > now()) AS live,
+       l.multi, coalesce(j.max_concurrent, 1) AS max_concurrent
   FROM ledger.leases AS l
+  LEFT JOIN ledger.jobs AS j ON j.job = l.job
  WHERE l.job = %(job)s
+"""
+
+# A job in seats mode (ledger.leases.multi): each seat's lease, by seat. The
+# job's row in ledger.leases is then only its token counter.
+WEB_SEATS = """
+SELECT s.seat, s.owner, s.token, s.ttl, s.acquired_at, s.expires_at, s.released_at, s.run_id,
+       (s.released_at IS NULL AND s.expires_at > now()) AS live
+  FROM ledger.lease_seats AS s
+ WHERE s.job = %(job)s
+ ORDER BY s.seat
 """
 
 # The fence writes a run made, as far as the ledger knows them: a fence keeps

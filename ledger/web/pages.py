@@ -9,7 +9,7 @@ below), so a page costs the same on a ledger of ten runs or of a million.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,7 +18,7 @@ import psycopg
 from ledger.models import JobStatus, PoolStatus, Run
 from ledger.web import reads
 from ledger.web.commands import Command, job_commands
-from ledger.web.reads import (Alert, Failure, FenceWrite, LeaseNow, Neighbours, RunBar, Scheduler, SkippedRange, Slot,
+from ledger.web.reads import (Alert, Failure, FenceWrite, LeaseNow, Neighbours, RunBar, Scheduler, SeatNow, SkippedRange, Slot,
                               TtlAdvice)
 from ledger.web.schedules import in_words
 from ledger.states import STATES
@@ -100,6 +100,13 @@ class JobPage:
     failures: list[Failure]
     advice: TtlAdvice | None
     commands: list[Command]
+    #: seats mode (``max_concurrent`` > 1): up to that many live runs, each in a seat with its token
+    max_concurrent: int = 1
+    seats: list[SeatNow] = field(default_factory=list)
+
+    @property
+    def live_seats(self) -> list[SeatNow]:
+        return [seat for seat in self.seats if seat.live]
 
 
 @dataclass(frozen=True)
@@ -109,9 +116,10 @@ class RunPage:
     duration: timedelta
     outcome: str
     lease: LeaseNow | None
-    token_is_current: bool        # the job's live lease carries this run's token
+    token_is_current: bool        # the job's live lease (or, in seats mode, a live seat) carries this run's token
     fences: list[FenceWrite]
     neighbours: Neighbours
+    seat: SeatNow | None = None   # seats mode: the live seat that carries this run's token
 
 
 @dataclass(frozen=True)
@@ -197,7 +205,15 @@ def job_page(cur: psycopg.Cursor[Any], job: str, *, window: str = DEFAULT_WINDOW
         runs_truncated=in_window >= WINDOW_RUNS,
         skipped=reads.skipped(cur, job, since, until, SKIPPED_RANGES), slot_count=count, slot_marks=marks,
         upcoming=upcoming, failures=reads.failures(cur, job, RECENT_FAILURES), advice=reads.ttl_advice(cur, job),
-        commands=job_commands(status, state))
+        commands=job_commands(status, state), **_seats(cur, job))
+
+
+def _seats(cur: psycopg.Cursor[Any], job: str) -> dict[str, Any]:
+    """A job in seats mode: its bound and its seats (a single-holder job reads no seat)."""
+    lease = reads.lease(cur, job)
+    if lease is None or not lease.multi:
+        return {"max_concurrent": lease.max_concurrent if lease else 1, "seats": []}
+    return {"max_concurrent": lease.max_concurrent, "seats": reads.seats(cur, job)}
 
 
 def run_page(cur: psycopg.Cursor[Any], run_id: int) -> RunPage:
@@ -208,13 +224,16 @@ def run_page(cur: psycopg.Cursor[Any], run_id: int) -> RunPage:
         raise UnknownRun(str(run_id))
     run = facts.run
     lease = reads.lease(cur, run.job)
+    seat = None
+    if lease is not None and lease.multi:
+        seat = next((s for s in reads.seats(cur, run.job) if s.live and s.token == run.token), None)
     bar = RunBar(run_id=run.run_id, owner=run.owner, token=run.token, slot=run.slot, status=run.status,
                  failure_reason=run.failure_reason, started_at=run.started_at, completed_at=run.completed_at,
                  seconds=facts.duration.total_seconds(), error=None)
     return RunPage(
         now=now, run=run, duration=facts.duration, outcome=bar.outcome, lease=lease,
-        token_is_current=lease is not None and lease.live and lease.token == run.token,
-        fences=reads.fences(cur, run.job, run.token), neighbours=reads.neighbours(cur, run))
+        token_is_current=seat is not None or (lease is not None and lease.live and lease.token == run.token),
+        fences=reads.fences(cur, run.job, run.token), neighbours=reads.neighbours(cur, run), seat=seat)
 
 
 def alerts_page(cur: psycopg.Cursor[Any]) -> AlertsPage:

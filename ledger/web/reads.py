@@ -123,6 +123,25 @@ class LeaseNow:
     released_at: datetime | None
     timeline: int
     live: bool
+    #: seats mode (``max_concurrent`` > 1): the row only counts tokens, kept released; the
+    #: holders are the job's seats (:func:`seats`)
+    multi: bool = False
+    max_concurrent: int = 1
+
+
+@dataclass(frozen=True)
+class SeatNow:
+    """One seat of a job in seats mode (``ledger.lease_seats``): a lease of its own, with its token."""
+
+    seat: int
+    owner: str
+    token: int
+    ttl: timedelta
+    acquired_at: datetime
+    expires_at: datetime
+    released_at: datetime | None
+    run_id: int | None            # the seat's running run (None: none, or a bare acquire)
+    live: bool
 
 
 @dataclass(frozen=True)
@@ -316,6 +335,11 @@ def neighbours(cur: psycopg.Cursor[Any], run: Run) -> Neighbours:
 def lease(cur: psycopg.Cursor[Any], job: str) -> LeaseNow | None:
     found = _rows(cur, queries.WEB_LEASE, {"job": job})
     return LeaseNow(**found[0]) if found else None
+
+
+def seats(cur: psycopg.Cursor[Any], job: str) -> list[SeatNow]:
+    """The job's seats, by seat (none unless it is in seats mode)."""
+    return [SeatNow(**row) for row in _rows(cur, queries.WEB_SEATS, {"job": job})]
 
 
 def fences(cur: psycopg.Cursor[Any], job: str, token: int) -> list[FenceWrite]:
