@@ -328,13 +328,8 @@ BEGIN
            released_at = v_now
      WHERE s.job = release.job AND s.owner = release.owner AND s.token = release.token
        AND s.released_at IS NULL;
-    IF FOUND THEN
-        -- a seat freed: the scheduler may start again (as the lease row's
-        -- release does, through its trigger)
-        UPDATE ledger.wakeups w SET at = v_now WHERE w.job = release.job AND (w.at IS NULL OR w.at > v_now);
-        RETURN true;
-    END IF;
-    RETURN false;
+    -- a seat freed wakes the job and its pool (trigger lease_seats_wake)
+    RETURN FOUND;
 END
 $$;
 COMMENT ON FUNCTION ledger.release(text, text, bigint) IS

@@ -595,12 +595,12 @@ BEGIN
     END IF;
 
     IF v_lease.multi THEN
+        -- the seat ends with its run (which wakes the job and its pool:
+        -- trigger lease_seats_wake)
         UPDATE ledger.lease_seats s
            SET expires_at = least(s.expires_at, v_run.completed_at),
                released_at = coalesce(s.released_at, v_run.completed_at), run_id = NULL
          WHERE s.job = v_run.job AND s.seat = v_run.seat AND s.token = v_run.token;
-        UPDATE ledger.wakeups w SET at = v_run.completed_at
-         WHERE w.job = v_run.job AND (w.at IS NULL OR w.at > v_run.completed_at);
         PERFORM ledger._set_state(v_run.job, 'ended', v_run, seats => true);
         RETURN v_run;
     END IF;
