@@ -56,8 +56,12 @@ BEGIN
     LOOP
         BEGIN
             EXECUTE format('DROP ROLE %I', role_name);
-        EXCEPTION WHEN dependent_objects_still_exist OR insufficient_privilege THEN
-            NULL;  -- still in use elsewhere, or not ours to drop
+        -- Still in use elsewhere, or not ours to drop: the role stays. So it
+        -- does when another database is dropped at that instant: DROP ROLE
+        -- reads every database's shared dependencies and fails with XX000
+        -- "cache lookup failed for database" for the one that just went.
+        EXCEPTION WHEN dependent_objects_still_exist OR insufficient_privilege OR internal_error THEN
+            NULL;
         END;
     END LOOP;
 END
