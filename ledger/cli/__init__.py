@@ -36,21 +36,57 @@ variables, else the embedded PostgreSQL (``jobledger where`` tells which).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 
 import click
 
 from ledger import __version__
-from ledger.cli import (demo, events, install, jobs, metrics, notify, pools, protect, report, risks, run, scheduler,
-                        status, verify, web)
-from ledger.cli import next as preview  # not `next`: the builtin
 from ledger.cli._output import Commands
 
-__all__ = ["main"]
+__all__ = ["COMMAND_MODULES", "main"]
+
+#: Each command and its module (``ledger.cli.<module>``, whose ``COMMANDS`` defines it), imported only
+#: when the command runs: ``jobledger run`` in a cron line does not load sqlglot (``report``),
+#: prometheus_client (``metrics``) or the dashboard. ``--help`` imports them all, to list them.
+COMMAND_MODULES: dict[str, str] = {
+    "install": "install", "downgrade": "install", "uninstall": "install", "sql": "install", "where": "install",
+    "register": "jobs", "pause": "jobs", "resume": "jobs", "purge": "jobs", "reap": "jobs",
+    "unregister": "jobs", "release": "jobs", "cancel": "jobs",
+    "status": "status", "schedulers": "status", "runs": "status", "health": "status", "verify-state": "status",
+    "risks": "risks",
+    "next": "next",
+    "events": "events", "watch": "events", "configure-events": "events",
+    "notify": "notify",
+    "run": "run", "backfill": "run",
+    "scheduler": "scheduler", "trigger": "scheduler",
+    "pool": "pools", "pools": "pools",
+    "protect": "protect", "unprotect": "protect",
+    "report": "report",
+    "metrics": "metrics",
+    "web": "web",
+    "demo": "demo",
+    "verify": "verify",
+}
 
 
-@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(Commands):
+    """The group of :data:`COMMAND_MODULES`: a command's module is imported when it is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMAND_MODULES)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMAND_MODULES:
+            return None
+        module = importlib.import_module(f"ledger.cli.{COMMAND_MODULES[cmd_name]}")
+        # a dict, not the builtin next(): importing ledger.cli.next makes `next` this package's submodule
+        commands: dict[str | None, click.Command] = {command.name: command for command in module.COMMANDS}
+        return commands[cmd_name]
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="jobledger")
 def main() -> None:
     """Postgres-native job ledger: leases with fencing tokens, an execution log,
@@ -66,9 +102,3 @@ def main() -> None:
         log.addHandler(handler)
         log.setLevel(logging.WARNING)
         log.propagate = False
-
-
-for _module in (install, jobs, status, risks, preview, events, notify, run, scheduler, pools, protect, report, metrics,
-                web, demo, verify):
-    for _command in _module.COMMANDS:
-        main.add_command(_command)

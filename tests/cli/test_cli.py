@@ -3,18 +3,22 @@ register/pause/resume, status, runs, purge, reap, where; durations; help; errors
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shlex
 import signal
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 
+import click
 import pytest
 from click.testing import CliRunner
 from clihelp import jobledger, runs_of, start
 
-from ledger.cli import main
+from ledger.cli import COMMAND_MODULES, main
 from ledger.durations import format_duration, parse_duration
 from ledger.wrapper import EXIT_CODES
 from repo import DOCS
@@ -56,9 +60,26 @@ def test_durations_print_short():
         ["120ms", "1.5s", "45s", "1h 20m", "1d 1h"]
 
 
+def test_the_command_table_names_each_modules_commands_and_nothing_else():
+    """The group imports a command's module when it runs (COMMAND_MODULES): the table is the
+    commands each module defines, no more, no fewer."""
+    defined = {command.name: module for module in set(COMMAND_MODULES.values())
+               for command in importlib.import_module(f"ledger.cli.{module}").COMMANDS}
+    assert defined == COMMAND_MODULES
+
+
+def test_a_command_loads_only_its_own_module():
+    """`jobledger run` (a cron line's) imports the wrapper, not sqlglot, prometheus_client or the dashboard."""
+    probe = ("import sys; from ledger.cli import main; main(['run', '--help'], standalone_mode=False); "
+             "print(sorted(m for m in ('sqlglot', 'prometheus_client', 'starlette', 'ledger.cli.report', "
+             "'ledger.cli.metrics', 'ledger.cli.web', 'ledger.cli.run') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "['ledger.cli.run']", done.stdout
+
+
 def test_every_command_has_help():
     runner = CliRunner()
-    names = sorted(main.commands)
+    names = main.list_commands(click.Context(main))
     assert {"install", "sql", "register", "pause", "resume", "run", "status", "runs", "purge", "reap",
             "where", "demo", "next"} <= set(names)
     for name in names:
