@@ -1216,7 +1216,11 @@ SELECT DISTINCT c.job::text AS job
 -- reader or writer waits against: first the views this revision replaces (a no-op ALTER takes each;
 -- a reader takes a view before its tables, so it never holds a table this waits for), then the
 -- tables as the writers take them, the lease rows first. Held until the commit, a few statements
--- on: the backfill under them is a join.
+-- on: the backfill under them is a join. ACCESS EXCLUSIVE, and with them every table a later
+-- revision alters (0007, 0010, 0012): an upgrade from 0.1.0 runs them all in this transaction, and
+-- a lock held weaker here and strengthened there deadlocked with the writers (a heartbeat that read
+-- the lease rows waits to write them behind this SHARE ROW EXCLUSIVE, while 0010 waits for it),
+-- every try, under load. Taken at once here, the rest of the chain waits for nobody.
 ALTER VIEW ledger.alerts OWNER TO ledger_owner;
 
 ALTER VIEW ledger.job_status OWNER TO ledger_owner;
@@ -1225,9 +1229,11 @@ ALTER VIEW ledger.job_health OWNER TO ledger_owner;
 
 ALTER VIEW ledger.ttl_advice OWNER TO ledger_owner;
 
-LOCK TABLE ledger.leases IN SHARE ROW EXCLUSIVE MODE;
+LOCK TABLE ledger.leases IN ACCESS EXCLUSIVE MODE;
 
-LOCK TABLE ledger.jobs IN SHARE ROW EXCLUSIVE MODE;
+LOCK TABLE ledger.jobs IN ACCESS EXCLUSIVE MODE;
+
+LOCK TABLE ledger.counters, ledger.job_execution_log, ledger.events, ledger.skipped_slots IN ACCESS EXCLUSIVE MODE;
 
 -- Tables: a column added with no default (no rewrite) and a new table.
 ALTER TABLE ledger.counters ADD COLUMN down_due timestamptz;

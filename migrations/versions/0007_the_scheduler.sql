@@ -10,8 +10,11 @@ ALTER VIEW ledger.ttl_advice OWNER TO ledger_owner;
 ALTER VIEW ledger.job_status OWNER TO ledger_owner;
 ALTER VIEW ledger.job_counters OWNER TO ledger_owner;
 ALTER VIEW ledger._job_state OWNER TO ledger_owner;
-LOCK TABLE ledger.leases IN SHARE ROW EXCLUSIVE MODE;
-LOCK TABLE ledger.jobs IN SHARE ROW EXCLUSIVE MODE;
+-- ACCESS EXCLUSIVE at once, with the other tables it alters, as 0005 takes them (an upgrade from
+-- 0.1.0 already holds them all): a lock strengthened later deadlocks with the writers.
+LOCK TABLE ledger.leases IN ACCESS EXCLUSIVE MODE;
+LOCK TABLE ledger.jobs IN ACCESS EXCLUSIVE MODE;
+LOCK TABLE ledger.counters, ledger.events, ledger.skipped_slots IN ACCESS EXCLUSIVE MODE;
 
 -- By hand: the tables first (functions below take ledger.triggers' row type, views read the new
 -- columns). New columns have no default or a constant one: no rewrite. The new CHECKs are supersets

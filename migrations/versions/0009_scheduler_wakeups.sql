@@ -3,7 +3,9 @@
 -- By hand: the locks first (leases, then jobs, as 0005; and triggers), so that no registration,
 -- trigger or end slips between the backfill and the triggers; the table and its backfill (a mark at
 -- now: the next round looks at every job once and writes its exact next start).
-LOCK TABLE ledger.leases, ledger.jobs, ledger.triggers IN SHARE ROW EXCLUSIVE MODE;
+-- ACCESS EXCLUSIVE, as 0005 and 0007 take the first two (an upgrade from 0.1.0 already holds them):
+-- held weaker here, 0010's ACCESS EXCLUSIVE in the same transaction deadlocks with the writers.
+LOCK TABLE ledger.leases, ledger.jobs, ledger.triggers IN ACCESS EXCLUSIVE MODE;
 
 CREATE TABLE ledger.wakeups (
     job ledger.label NOT NULL PRIMARY KEY REFERENCES ledger.jobs (job) ON DELETE CASCADE,
