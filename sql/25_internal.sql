@@ -414,12 +414,16 @@ BEGIN
 END
 $$;
 
--- Count a skip without a WAL flush and without waiting past `wait` for the
--- job's skip row, which another open transaction may hold (the skip path
--- holds no lease row lock): ledger._lock_wait(), or a few milliseconds when
--- the caller already waited that long for the lease row. The callers try
--- the plain UPDATE of their shard's row first; this is the rest (the row is
--- missing, or locked). A skip count lost that way is harmless; a hang is not.
+-- Count a skip without a WAL flush and without waiting past `wait` for a
+-- skip row, which another open transaction may hold (the skip path holds no
+-- lease row lock; an end folding the job's skips holds the rows it folds
+-- until its commit): ledger._lock_wait(), or a few milliseconds when the
+-- caller already waited that long for the lease row. The callers try the
+-- plain UPDATE of their shard's row first; this is the rest (the row is
+-- missing, or locked). A held row sends the count to a spare row of the
+-- same shard (shard + 16, + 32, + 48: rows nobody holds, or new ones), so a
+-- skip is counted even while an end folds; only when all four are held does
+-- it wait for its own. A count lost at that wait is harmless; a hang is not.
 CREATE FUNCTION ledger._count_skip(job text, wait text)
 RETURNS void
 LANGUAGE plpgsql
@@ -427,10 +431,29 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_wait text := current_setting('lock_timeout');
+    v_wait  text := current_setting('lock_timeout');
+    v_shard smallint;
 BEGIN
     BEGIN
         PERFORM set_config('lock_timeout', wait, true);
+        FOR v_spare IN 0 .. 3 LOOP
+            v_shard := (pg_backend_pid() % 16 + 16 * v_spare)::smallint;
+            UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + 1
+              FROM (SELECT t.job, t.shard FROM ledger.skip_counts t
+                     WHERE t.job = _count_skip.job AND t.shard = v_shard
+                       FOR UPDATE SKIP LOCKED) free_
+             WHERE s.job = free_.job AND s.shard = free_.shard;
+            IF NOT FOUND THEN
+                -- no row, or a held one: DO NOTHING waits for no row lock
+                INSERT INTO ledger.skip_counts (job, shard, skipped_overlap)
+                VALUES (_count_skip.job, v_shard, 1)
+                ON CONFLICT ON CONSTRAINT skip_counts_pkey DO NOTHING;
+            END IF;
+            IF FOUND THEN
+                PERFORM set_config('lock_timeout', v_wait, true);
+                RETURN;
+            END IF;
+        END LOOP;
         INSERT INTO ledger.skip_counts AS s (job, shard, skipped_overlap)
         VALUES (_count_skip.job, (pg_backend_pid() % 16)::smallint, 1)
         ON CONFLICT ON CONSTRAINT skip_counts_pkey DO UPDATE SET skipped_overlap = s.skipped_overlap + 1;

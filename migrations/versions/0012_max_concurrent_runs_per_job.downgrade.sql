@@ -1736,6 +1736,26 @@ DROP FUNCTION ledger._enter_seats(text,ledger.leases);
 
 DROP FUNCTION ledger._start_seat(text,text,interval,timestamp with time zone,text,jsonb,timestamp with time zone,text);
 
+CREATE OR REPLACE FUNCTION ledger._count_skip(job text, wait text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_wait text := current_setting('lock_timeout');
+BEGIN
+    BEGIN
+        PERFORM set_config('lock_timeout', wait, true);
+        INSERT INTO ledger.skip_counts AS s (job, shard, skipped_overlap)
+        VALUES (_count_skip.job, (pg_backend_pid() % 16)::smallint, 1)
+        ON CONFLICT ON CONSTRAINT skip_counts_pkey DO UPDATE SET skipped_overlap = s.skipped_overlap + 1;
+        PERFORM set_config('lock_timeout', v_wait, true);
+    EXCEPTION WHEN lock_not_available THEN
+        NULL;
+    END;
+END
+$function$;
+
 -- Left in place for the calls in flight across this change (old bodies call them):
 --   ledger._close_lost_seats(text,timestamp with time zone)
 --   ledger._force_release_seats(text,timestamp with time zone,integer)

@@ -2306,6 +2306,45 @@ CREATE OR REPLACE VIEW ledger."overlaps" AS
      JOIN ledger.job_execution_log a ON ((((a.job)::text = (o.job)::text) AND (a.seat = b.seat) AND (ROW(a.started_at, a.run_id) < ROW(o.started_at, o.run_id)) AND (COALESCE(a.completed_at, 'infinity'::timestamp with time zone) > o.started_at))))
   WHERE (o.earlier_end > o.started_at);
 
+CREATE OR REPLACE FUNCTION ledger._count_skip(job text, wait text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_wait  text := current_setting('lock_timeout');
+    v_shard smallint;
+BEGIN
+    BEGIN
+        PERFORM set_config('lock_timeout', wait, true);
+        FOR v_spare IN 0 .. 3 LOOP
+            v_shard := (pg_backend_pid() % 16 + 16 * v_spare)::smallint;
+            UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + 1
+              FROM (SELECT t.job, t.shard FROM ledger.skip_counts t
+                     WHERE t.job = _count_skip.job AND t.shard = v_shard
+                       FOR UPDATE SKIP LOCKED) free_
+             WHERE s.job = free_.job AND s.shard = free_.shard;
+            IF NOT FOUND THEN
+                -- no row, or a held one: DO NOTHING waits for no row lock
+                INSERT INTO ledger.skip_counts (job, shard, skipped_overlap)
+                VALUES (_count_skip.job, v_shard, 1)
+                ON CONFLICT ON CONSTRAINT skip_counts_pkey DO NOTHING;
+            END IF;
+            IF FOUND THEN
+                PERFORM set_config('lock_timeout', v_wait, true);
+                RETURN;
+            END IF;
+        END LOOP;
+        INSERT INTO ledger.skip_counts AS s (job, shard, skipped_overlap)
+        VALUES (_count_skip.job, (pg_backend_pid() % 16)::smallint, 1)
+        ON CONFLICT ON CONSTRAINT skip_counts_pkey DO UPDATE SET skipped_overlap = s.skipped_overlap + 1;
+        PERFORM set_config('lock_timeout', v_wait, true);
+    EXCEPTION WHEN lock_not_available THEN
+        NULL;
+    END;
+END
+$function$;
+
 -- By hand: a seat's end wakes its job and its pool, as a lease's does (ledger._wake_job, above).
 CREATE TRIGGER lease_seats_wake
     AFTER UPDATE OF released_at, expires_at ON ledger.lease_seats

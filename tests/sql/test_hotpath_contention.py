@@ -113,3 +113,28 @@ def test_a_skip_takes_no_lease_row_lock_and_writes_no_logged_table(connect, db):
     db.execute("SELECT ledger.complete_run(%s, %s)", (holder["run_id"], holder["token"]))
     assert value(db, "SELECT skipped_overlap FROM ledger.counters WHERE job = 'hot'") == 3
     assert value(db, "SELECT skipped_overlap FROM ledger.job_counters WHERE job = 'hot'") == 3
+
+
+def test_a_skip_whose_count_row_an_end_holds_is_counted_in_a_spare_row(connect, db):
+    """An end folds the job's skip rows and holds them until its commit; a skip meanwhile counts in a
+    spare row of its shard (ledger._count_skip) instead of waiting out its bound and losing the count."""
+    db.execute("SELECT ledger.register_job('hot', ttl => '1 hour')")
+    holder = one(db, "SELECT * FROM ledger.start_run('hot', 'holder')")
+    skipper = connect(autocommit=True)
+    assert one(skipper, "SELECT * FROM ledger.start_run('hot', 'other')")["outcome"] == "skipped_overlap"
+    shard = value(skipper, "SELECT (pg_backend_pid() % 16)::smallint")
+    assert rows(db, "SELECT shard, skipped_overlap FROM ledger.skip_counts WHERE job = 'hot'") == \
+        [{"shard": shard, "skipped_overlap": 1}]
+    # What an end's fold holds: every row of the job, until its commit.
+    folder = connect(autocommit=False)
+    folder.execute("SELECT FROM ledger.skip_counts WHERE job = 'hot' FOR UPDATE")
+    for _ in range(2):
+        assert one(skipper, "SELECT * FROM ledger.start_run('hot', 'other')")["outcome"] == "skipped_overlap"
+    folder.rollback()
+    assert rows(db, "SELECT shard, skipped_overlap FROM ledger.skip_counts WHERE job = 'hot' ORDER BY shard") == \
+        [{"shard": shard, "skipped_overlap": 1}, {"shard": shard + 16, "skipped_overlap": 2}]
+    assert value(db, "SELECT skipped_overlap FROM ledger.job_counters WHERE job = 'hot'") == 3
+    # The next end folds the spare row too.
+    db.execute("SELECT ledger.complete_run(%s, %s)", (holder["run_id"], holder["token"]))
+    assert value(db, "SELECT skipped_overlap FROM ledger.counters WHERE job = 'hot'") == 3
+    assert value(db, "SELECT count(*) FROM ledger.verify_state()") == 0
