@@ -25,7 +25,8 @@ group of commands:
 What they share: ``ledger.cli._options`` (``--dsn``, ``--json``, durations,
 the connection) and ``ledger.cli._output`` (messages, one-line errors). The
 command modules import only those two, never this package's ``main``, so
-each imports on its own.
+each imports on its own, and ``main`` imports a command's module only when
+that command runs (:data:`COMMAND_MODULES`).
 
 Exit codes: 0 ok, 2 usage (click), 1 a database or ledger error, told in one
 line; ``run`` has its own (see ``ledger.wrapper.EXIT_CODES`` and the README).
