@@ -210,7 +210,11 @@ def one_side(args: argparse.Namespace, binary: str, threads: int, fillfactor: in
             side["risks"] = [dict(zip(("kind", "relation", "severity", "value", "unit", "message"), r))
                              for r in ctl.execute(RISKS).fetchall()]
         finally:
-            holder.close()  # ends the held snapshot
+            # ends the held snapshot before the VACUUM below: a ROLLBACK is answered once the server
+            # has ended it (a close alone lets the backend exit later, with its snapshot still held)
+            if held and not holder.closed:
+                holder.execute("ROLLBACK")
+            holder.close()
         started = time.perf_counter()
         ctl.execute("VACUUM ledger.leases")
         side["vacuum_ms"] = round((time.perf_counter() - started) * 1000, 1)
