@@ -418,9 +418,10 @@ $$;
 -- skip row, which another open transaction may hold (the skip path holds no
 -- lease row lock; an end folding the job's skips holds the rows it folds
 -- until its commit): ledger._lock_wait(), or a few milliseconds when the
--- caller already waited that long for the lease row. The callers try the
--- plain UPDATE of their shard's row first; this is the rest (the row is
--- missing, or locked). A held row sends the count to a spare row of the
+-- caller already waited that long for the lease row. Its first step is the
+-- plain UPDATE of the caller's shard's row, which the hot path's callers
+-- (ledger._start) try inline first, a call less per skip; the rest is for
+-- a row that is missing or held. A held row sends the count to a spare row of the
 -- same shard (shard + 16, + 32, + 48: rows nobody holds, or new ones), so a
 -- skip is counted even while an end folds; only when all four are held does
 -- it wait for its own. A count lost at that wait is harmless; a hang is not.

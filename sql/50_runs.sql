@@ -251,14 +251,7 @@ BEGIN
     v_free := ledger._free_seat(job, at);
     IF v_free IS NULL THEN
         -- every seat live: a skip, counted apart from failures, without a WAL flush
-        UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + 1
-          FROM (SELECT t.job, t.shard FROM ledger.skip_counts t
-                 WHERE t.job = _start_seat.job AND t.shard = pg_backend_pid() % 16
-                   FOR UPDATE SKIP LOCKED) free_
-         WHERE s.job = free_.job AND s.shard = free_.shard;
-        IF NOT FOUND THEN
-            PERFORM ledger._count_skip(job, wait => '10ms');
-        END IF;
+        PERFORM ledger._count_skip(job, wait => '10ms');
         -- the holder whose seat frees first
         SELECT s.owner, s.expires_at INTO v_result.holder, v_result.holder_expires_at
           FROM ledger.lease_seats s
@@ -291,29 +284,35 @@ END
 $$;
 
 -- The runs of a job in seats mode whose seat is no longer live or went to
--- another token, closed (lease_expired, superseded), its lease row locked
--- by the caller: the first step of a start and of an acquire, so that a
--- seat is never taken over while its lost run is still marked running.
+-- another token, closed (lease_expired, superseded), and their seats
+-- released, its lease row locked by the caller: the first step of a start
+-- and of an acquire, so that a seat is never taken over while its lost run
+-- is still marked running, and reap_expired's for such a job. Returns the
+-- number closed.
 CREATE FUNCTION ledger._close_lost_seats(job text, at timestamptz)
-RETURNS void
+RETURNS integer
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_run  ledger.job_execution_log;
-    v_seat ledger.lease_seats;
+    v_run    ledger.job_execution_log;
+    v_seat   ledger.lease_seats;
+    v_closed integer := 0;
 BEGIN
     PERFORM FROM ledger.lease_seats s WHERE s.job = _close_lost_seats.job ORDER BY s.seat FOR UPDATE;
     FOR v_run IN SELECT r.* FROM ledger.job_execution_log r
                   WHERE r.job = _close_lost_seats.job AND r.status = 'running' ORDER BY r.seat LOOP
         SELECT * INTO v_seat FROM ledger.lease_seats s WHERE s.job = v_run.job AND s.seat = v_run.seat;
-        IF v_seat.job IS NULL OR v_seat.token <> v_run.token THEN
-            PERFORM ledger._close_lost(v_run, 'superseded', at, true);
-        ELSIF v_seat.released_at IS NOT NULL OR v_seat.expires_at <= at THEN
-            PERFORM ledger._close_lost(v_run, 'lease_expired', at, true);
-        END IF;
+        CONTINUE WHEN v_seat.job IS NOT NULL AND v_seat.token = v_run.token
+                      AND v_seat.released_at IS NULL AND v_seat.expires_at > at;
+        PERFORM ledger._close_lost(v_run, CASE WHEN v_seat.job IS NULL OR v_seat.token <> v_run.token
+                                               THEN 'superseded' ELSE 'lease_expired' END, at, true);
+        UPDATE ledger.lease_seats s SET released_at = at, expires_at = least(s.expires_at, at)
+         WHERE s.job = v_run.job AND s.seat = v_run.seat AND s.token = v_run.token AND s.released_at IS NULL;
+        v_closed := v_closed + 1;
     END LOOP;
+    RETURN v_closed;
 END
 $$;
 
@@ -769,7 +768,7 @@ BEGIN
            FOR UPDATE OF l SKIP LOCKED
     LOOP
         IF v_lease.multi THEN
-            v_closed := v_closed + ledger._reap_seats(v_lease.job, v_now);
+            v_closed := v_closed + ledger._close_lost_seats(v_lease.job, v_now);
             CONTINUE;
         END IF;
         SELECT * INTO v_run FROM ledger.job_execution_log r WHERE r.job = v_lease.job AND r.status = 'running';
@@ -789,33 +788,3 @@ END
 $$;
 COMMENT ON FUNCTION ledger.reap_expired(text) IS
     'Close every running run whose lease expired as failure (lease_expired); safe to call concurrently';
-
--- reap_expired for a job in seats mode, its lease row locked: every running
--- run whose seat is not live (or went to another token) closed, and its
--- seat released. Returns the number closed.
-CREATE FUNCTION ledger._reap_seats(job text, at timestamptz)
-RETURNS integer
-LANGUAGE plpgsql
-VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_run    ledger.job_execution_log;
-    v_seat   ledger.lease_seats;
-    v_closed integer := 0;
-BEGIN
-    PERFORM FROM ledger.lease_seats s WHERE s.job = _reap_seats.job ORDER BY s.seat FOR UPDATE;
-    FOR v_run IN SELECT r.* FROM ledger.job_execution_log r
-                  WHERE r.job = _reap_seats.job AND r.status = 'running' ORDER BY r.seat LOOP
-        SELECT * INTO v_seat FROM ledger.lease_seats s WHERE s.job = v_run.job AND s.seat = v_run.seat;
-        CONTINUE WHEN v_seat.job IS NOT NULL AND v_seat.token = v_run.token
-                      AND v_seat.released_at IS NULL AND v_seat.expires_at > at;
-        PERFORM ledger._close_lost(v_run, CASE WHEN v_seat.job IS NULL OR v_seat.token <> v_run.token
-                                               THEN 'superseded' ELSE 'lease_expired' END, at, true);
-        UPDATE ledger.lease_seats s SET released_at = at, expires_at = least(s.expires_at, at)
-         WHERE s.job = v_run.job AND s.seat = v_run.seat AND s.token = v_run.token AND s.released_at IS NULL;
-        v_closed := v_closed + 1;
-    END LOOP;
-    RETURN v_closed;
-END
-$$;

@@ -1762,4 +1762,3 @@ $function$;
 --   ledger._free_seat(text,timestamp with time zone)
 --   ledger._heartbeat_seat(ledger.job_execution_log,interval)
 --   ledger._max_concurrent()
---   ledger._reap_seats(text,timestamp with time zone)

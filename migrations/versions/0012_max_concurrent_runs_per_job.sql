@@ -927,14 +927,7 @@ BEGIN
     v_free := ledger._free_seat(job, at);
     IF v_free IS NULL THEN
         -- every seat live: a skip, counted apart from failures, without a WAL flush
-        UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + 1
-          FROM (SELECT t.job, t.shard FROM ledger.skip_counts t
-                 WHERE t.job = _start_seat.job AND t.shard = pg_backend_pid() % 16
-                   FOR UPDATE SKIP LOCKED) free_
-         WHERE s.job = free_.job AND s.shard = free_.shard;
-        IF NOT FOUND THEN
-            PERFORM ledger._count_skip(job, wait => '10ms');
-        END IF;
+        PERFORM ledger._count_skip(job, wait => '10ms');
         -- the holder whose seat frees first
         SELECT s.owner, s.expires_at INTO v_result.holder, v_result.holder_expires_at
           FROM ledger.lease_seats s
@@ -973,24 +966,28 @@ REVOKE ALL ON FUNCTION ledger._start_seat(text,text,interval,timestamp with time
 COMMENT ON FUNCTION ledger._start_seat(text,text,interval,timestamp with time zone,text,jsonb,timestamp with time zone,text) IS NULL;
 
 CREATE OR REPLACE FUNCTION ledger._close_lost_seats(job text, at timestamp with time zone)
- RETURNS void
+ RETURNS integer
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
-    v_run  ledger.job_execution_log;
-    v_seat ledger.lease_seats;
+    v_run    ledger.job_execution_log;
+    v_seat   ledger.lease_seats;
+    v_closed integer := 0;
 BEGIN
     PERFORM FROM ledger.lease_seats s WHERE s.job = _close_lost_seats.job ORDER BY s.seat FOR UPDATE;
     FOR v_run IN SELECT r.* FROM ledger.job_execution_log r
                   WHERE r.job = _close_lost_seats.job AND r.status = 'running' ORDER BY r.seat LOOP
         SELECT * INTO v_seat FROM ledger.lease_seats s WHERE s.job = v_run.job AND s.seat = v_run.seat;
-        IF v_seat.job IS NULL OR v_seat.token <> v_run.token THEN
-            PERFORM ledger._close_lost(v_run, 'superseded', at, true);
-        ELSIF v_seat.released_at IS NOT NULL OR v_seat.expires_at <= at THEN
-            PERFORM ledger._close_lost(v_run, 'lease_expired', at, true);
-        END IF;
+        CONTINUE WHEN v_seat.job IS NOT NULL AND v_seat.token = v_run.token
+                      AND v_seat.released_at IS NULL AND v_seat.expires_at > at;
+        PERFORM ledger._close_lost(v_run, CASE WHEN v_seat.job IS NULL OR v_seat.token <> v_run.token
+                                               THEN 'superseded' ELSE 'lease_expired' END, at, true);
+        UPDATE ledger.lease_seats s SET released_at = at, expires_at = least(s.expires_at, at)
+         WHERE s.job = v_run.job AND s.seat = v_run.seat AND s.token = v_run.token AND s.released_at IS NULL;
+        v_closed := v_closed + 1;
     END LOOP;
+    RETURN v_closed;
 END
 $function$;
 
@@ -1236,7 +1233,7 @@ BEGIN
            FOR UPDATE OF l SKIP LOCKED
     LOOP
         IF v_lease.multi THEN
-            v_closed := v_closed + ledger._reap_seats(v_lease.job, v_now);
+            v_closed := v_closed + ledger._close_lost_seats(v_lease.job, v_now);
             CONTINUE;
         END IF;
         SELECT * INTO v_run FROM ledger.job_execution_log r WHERE r.job = v_lease.job AND r.status = 'running';
@@ -1254,38 +1251,6 @@ BEGIN
     RETURN v_closed;
 END
 $function$;
-
-CREATE OR REPLACE FUNCTION ledger._reap_seats(job text, at timestamp with time zone)
- RETURNS integer
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-DECLARE
-    v_run    ledger.job_execution_log;
-    v_seat   ledger.lease_seats;
-    v_closed integer := 0;
-BEGIN
-    PERFORM FROM ledger.lease_seats s WHERE s.job = _reap_seats.job ORDER BY s.seat FOR UPDATE;
-    FOR v_run IN SELECT r.* FROM ledger.job_execution_log r
-                  WHERE r.job = _reap_seats.job AND r.status = 'running' ORDER BY r.seat LOOP
-        SELECT * INTO v_seat FROM ledger.lease_seats s WHERE s.job = v_run.job AND s.seat = v_run.seat;
-        CONTINUE WHEN v_seat.job IS NOT NULL AND v_seat.token = v_run.token
-                      AND v_seat.released_at IS NULL AND v_seat.expires_at > at;
-        PERFORM ledger._close_lost(v_run, CASE WHEN v_seat.job IS NULL OR v_seat.token <> v_run.token
-                                               THEN 'superseded' ELSE 'lease_expired' END, at, true);
-        UPDATE ledger.lease_seats s SET released_at = at, expires_at = least(s.expires_at, at)
-         WHERE s.job = v_run.job AND s.seat = v_run.seat AND s.token = v_run.token AND s.released_at IS NULL;
-        v_closed := v_closed + 1;
-    END LOOP;
-    RETURN v_closed;
-END
-$function$;
-
-ALTER FUNCTION ledger._reap_seats(text,timestamp with time zone) OWNER TO ledger_owner;
-
-REVOKE ALL ON FUNCTION ledger._reap_seats(text,timestamp with time zone) FROM PUBLIC;
-
-COMMENT ON FUNCTION ledger._reap_seats(text,timestamp with time zone) IS NULL;
 
 CREATE OR REPLACE FUNCTION ledger.register_job(job text, schedule text DEFAULT NULL::text, ttl interval DEFAULT NULL::interval, max_backfill integer DEFAULT NULL::integer, time_zone text DEFAULT NULL::text, late_after interval DEFAULT NULL::interval, down_after interval DEFAULT NULL::interval, min_runtime interval DEFAULT NULL::interval, max_runtime interval DEFAULT NULL::interval, pause_after_failures integer DEFAULT NULL::integer, jitter interval DEFAULT NULL::interval, start_deadline interval DEFAULT NULL::interval, overlap_policy text DEFAULT NULL::text, pool text DEFAULT NULL::text, max_concurrent integer DEFAULT NULL::integer)
  RETURNS ledger.jobs
