@@ -164,10 +164,10 @@ def _rounds(rounds: int, body: Any) -> tuple[float, float]:
 
 #: The per-job statements of one scrape (ledger.metrics.read_snapshot, without the --audit ones, and the
 #: database's risks and the schedulers, a few rows whatever the number of jobs).
-SCRAPE = [("state rows", queries.METRIC_JOBS, None)]
+SCRAPE = [("state rows", queries.METRIC_JOBS, metrics.EVERY_JOB)]
 #: Each statement's server time (``scrape_parts``): the state rows (each job's alert kinds with them),
 #: and the job lines with the alerts by kind (the one statement of the text exposition).
-PARTS = [*SCRAPE, ("job lines and alert counts", metrics.JOB_TEXT, None)]
+PARTS = [*SCRAPE, ("job lines and alert counts", metrics.JOB_TEXT, metrics.EVERY_JOB)]
 
 
 def scrape(conn: psycopg.Connection[Any]) -> None:
@@ -200,10 +200,15 @@ def measure(dsn: str, jobs: int, rounds: int) -> dict[str, Any]:
             out[name] = {"server": server, "client": client}
         out["metrics scrape"] = {"client": _rounds(rounds, lambda: scrape(conn))}
         out["scrape parts"] = scrape_parts(conn, rounds, jobs)
-        out["job lines"] = _rounds(rounds, lambda: conn.execute(metrics.JOB_TEXT, prepare=False, binary=True).fetchall())
+        out["job lines"] = _rounds(rounds, lambda: conn.execute(metrics.JOB_TEXT, metrics.EVERY_JOB, prepare=False,
+                                                                binary=True).fetchall())
         out["python writer"] = _rounds(rounds, lambda: metrics.text(metrics.samples(metrics.read_snapshot(conn))))
         out["exposition, open connection"] = _rounds(rounds, lambda: metrics.read_text(conn))
-    out["exposition"] = _rounds(rounds, lambda: metrics.exposition(lambda: psycopg.connect(dsn, autocommit=True)))
+    for name, parts in (("exposition", metrics.DEFAULT_PARTS), ("exposition, one part", 1)):
+        # what `jobledger metrics` prints: the collector's bytes, its connections opened
+        collector = metrics.LedgerCollector(lambda: psycopg.connect(dsn, autocommit=True), raise_errors=True,
+                                            parts=parts)
+        out[name] = _rounds(rounds, collector.text)
     out.update(web(dsn, rounds))
     return out
 
@@ -256,10 +261,13 @@ def main() -> int:
             row(f"`{name}` ({side})", [r[name][side] for r in results])
     row("metrics scrape (client, `METRIC_JOBS`)", [r["metrics scrape"]["client"] for r in results])
     labels = {"job lines": "metrics job lines and alert counts (`metrics.JOB_TEXT`, fetched as bytes)",
-              "exposition": "metrics exposition (`jobledger metrics`, whole text, a connection opened)",
+              "exposition": "metrics exposition (`jobledger metrics`, whole text, connections opened: in parts "
+                            "from 10,000 jobs)",
+              "exposition, one part": "metrics exposition in one part (`--parts 1`: one connection)",
               "exposition, open connection": "metrics exposition over an open connection (`read_text`)",
               "python writer": "metrics exposition, Python writer (`text(samples(read_snapshot()))`)"}
-    for name in ("job lines", "exposition", "exposition, open connection", "python writer", "/api/jobs",
+    for name in ("job lines", "exposition", "exposition, one part", "exposition, open connection", "python writer",
+                 "/api/jobs",
                  "jobs page"):
         row(labels.get(name, f"`{name}` (HTTP)"), [r[name] for r in results])
     print("\n| scrape statement (server, us per job, best) | " + " | ".join(f"{r['jobs']:,} jobs" for r in results)

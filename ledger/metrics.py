@@ -10,7 +10,10 @@ risks to the ledger (``ledger.db_risks``) and the schedulers' rows
 (``ledger.schedulers``), in one read-only transaction as
 ``ledger_reader`` (see :func:`ledger.readonly.read_only_transaction`), and
 closes it (or gives it back). Nothing it reads per job grows with the log: a
-scrape costs microseconds per job.
+scrape costs microseconds per job. The text exposition of a ledger of
+:data:`PARTS_FROM_JOBS` jobs or more is read in parts at once, each range of
+jobs on a connection of its own, all in the first one's snapshot
+(:func:`read_text`).
 
 Metrics (labels in braces):
 
@@ -88,6 +91,7 @@ import socket
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -122,6 +126,13 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = timedelta(seconds=10)
+#: How many parts :func:`read_text` cuts the jobs into, each read at once on a connection of its
+#: own (in one snapshot), and from how many jobs on: below, the second connection costs more than
+#: it saves (BENCHMARKS.md, "A scrape in parts").
+DEFAULT_PARTS = 2
+PARTS_FROM_JOBS = 10_000
+#: The bounds of ``queries.METRIC_JOBS`` that read every job.
+EVERY_JOB: dict[str, str | None] = {"first": None, "end": None}
 UP_HELP = "1 when the scrape read the ledger, 0 when it failed"
 #: The kinds of ``ledger.alerts`` (each written, 0 when none is live): the states that are trouble,
 #: and the problems that are no state.
@@ -200,7 +211,7 @@ def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TI
     ``prepare_threshold``: a scrape works behind a transaction pooler.
     """
     with read_only_transaction(conn, timeout) as cur:
-        jobs = [JobRow(*row) for row in cur.execute(queries.METRIC_JOBS, prepare=False).fetchall()]
+        jobs = [JobRow(*row) for row in cur.execute(queries.METRIC_JOBS, EVERY_JOB, prepare=False).fetchall()]
         # the alerts by kind from the same rows (each job's kinds: what ledger.alerts unnests)
         return _read_rest(cur, jobs, dict(Counter(kind for job in jobs for kind in job.alerts)), audit)
 
@@ -476,22 +487,96 @@ def _header(name: str, kind: str, documentation: str) -> str:
             f"# TYPE {sample} {kind}\n")
 
 
-def read_text(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TIMEOUT, *,
-              audit: bool = False) -> bytes:
+def read_text(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TIMEOUT, *, audit: bool = False,
+              connect_part: Callable[[], AbstractContextManager[psycopg.Connection[Any]]] | None = None,
+              parts: int = DEFAULT_PARTS, parts_from_jobs: int = PARTS_FROM_JOBS) -> bytes:
     """One scrape as the text exposition (without ``jobledger_up``), read as :func:`read_snapshot`
     reads, the same families as ``text(samples(read_snapshot(...)))``: the per-job lines written
-    by PostgreSQL (:data:`JOB_TEXT`, read as bytes), the rest by :func:`text`."""
-    with read_only_transaction(conn, timeout) as cur:
+    by PostgreSQL (:data:`JOB_TEXT`, read as bytes), the rest by :func:`text`.
+
+    With ``connect_part`` (what :class:`LedgerCollector` connects with), a ledger of
+    ``parts_from_jobs`` jobs or more is read in ``parts`` ranges of jobs at once: this
+    connection's transaction exports its snapshot, each other part reads it on a connection of
+    ``connect_part`` (``SET TRANSACTION SNAPSHOT``), and the lines are joined in job order, so the
+    text is the one a single read writes. PostgreSQL 15 runs ``string_agg`` on one core: the
+    parts put the scrape on as many (BENCHMARKS.md). Each part's clock is its transaction's
+    start, milliseconds apart."""
+    return b"".join(_text_pieces(conn, timeout, audit, connect_part, parts, parts_from_jobs))
+
+
+def _text_pieces(conn: psycopg.Connection[Any], timeout: timedelta, audit: bool,
+                 connect_part: Callable[[], AbstractContextManager[psycopg.Connection[Any]]] | None,
+                 parts: int, parts_from_jobs: int) -> list[bytes]:
+    """:func:`read_text`'s text in pieces (72.7 MB over 100,000 jobs: joined once, by the caller)."""
+    if parts < 1:
+        raise ValueError("parts must be at least 1")
+    with read_only_transaction(conn, timeout, repeatable_read=True) as cur:
         # float8's shortest exact text, whatever the session's setting (0 would round)
         cur.execute(queries.EXTRA_FLOAT_DIGITS, prepare=False)
-        found = cur.execute(JOB_TEXT, prepare=False, binary=True).fetchone()
-        assert found is not None  # an aggregate without GROUP BY: always one row
-        *bodies, alerts = found
-        rest = _read_rest(cur, [], {str(kind): int(n) for kind, n in alerts.items()}, audit)
-    out = [part for (name, kind, documentation, _, _), body in zip(JOB_FAMILIES, bodies)
-           for part in (_header(name, kind, documentation).encode(), bytes(body))]
+        bounds: list[str] = []
+        if connect_part is not None and parts > 1:
+            bounds = [row[0] for row in cur.execute(queries.METRIC_PART_BOUNDS,
+                                                    {"parts": parts, "from_jobs": parts_from_jobs},
+                                                    prepare=False).fetchall()]
+        found = _job_text(cur, bounds, connect_part, timeout)
+        rest = _read_rest(cur, [], found.alerts, audit)
+    out = [piece for (name, kind, documentation, _, _), bodies in zip(JOB_FAMILIES, found.bodies)
+           for piece in (_header(name, kind, documentation).encode(), *bodies)]
     out.append(text(_other_samples(rest)))
-    return b"".join(out)
+    return out
+
+
+@dataclass(frozen=True)
+class _JobText:
+    """What :data:`JOB_TEXT` read: each family's lines (a piece per part, in the jobs' order), and
+    the alerts by kind."""
+
+    bodies: list[list[bytes]]
+    alerts: dict[str, int]
+
+    @classmethod
+    def of(cls, row: tuple[Any, ...] | None) -> _JobText:
+        assert row is not None  # an aggregate without GROUP BY: always one row
+        *bodies, alerts = row
+        return cls([[body] for body in bodies], {str(kind): int(n) for kind, n in alerts.items()})
+
+    @classmethod
+    def joined(cls, parts: list[_JobText]) -> _JobText:
+        """The parts' lines one after the other, in their order (the jobs' order), the alerts added up."""
+        alerts: Counter[str] = Counter()
+        for part in parts:
+            alerts.update(part.alerts)
+        return cls([[body for bodies in family for body in bodies] for family in zip(*(part.bodies for part in parts))],
+                   dict(alerts))
+
+
+def _read_job_text(cur: psycopg.Cursor[Any], first: str | None, end: str | None) -> _JobText:
+    return _JobText.of(cur.execute(JOB_TEXT, {"first": first, "end": end}, prepare=False, binary=True).fetchone())
+
+
+def _job_text(cur: psycopg.Cursor[Any], bounds: list[str],
+              connect_part: Callable[[], AbstractContextManager[psycopg.Connection[Any]]] | None,
+              timeout: timedelta) -> _JobText:
+    """The job lines, in one part (no bounds) or in ``len(bounds) + 1``: this transaction reads the
+    first, a thread per other part reads its range in this transaction's exported snapshot."""
+    if not bounds:
+        return _read_job_text(cur, None, None)
+    assert connect_part is not None
+    row = cur.execute(queries.EXPORT_SNAPSHOT, prepare=False).fetchone()
+    assert row is not None
+    snapshot = str(row[0])
+    cur.execute(queries.PART_SETTINGS, prepare=False)
+
+    def other(first: str, end: str | None) -> _JobText:
+        with connect_part() as part, read_only_transaction(part, timeout, snapshot=snapshot) as part_cur:
+            part_cur.execute(queries.PART_SETTINGS, prepare=False)
+            return _read_job_text(part_cur, first, end)
+
+    # the exporting transaction stays open until every other part has read (its snapshot lives with it)
+    with ThreadPoolExecutor(max_workers=len(bounds), thread_name_prefix="jobledger-scrape") as pool:
+        others = [pool.submit(other, first, end) for first, end in zip(bounds, [*bounds[1:], None])]
+        mine = _read_job_text(cur, None, bounds[0])
+        return _JobText.joined([mine, *(future.result() for future in others)])
 
 
 def text(found: list[Family]) -> bytes:
@@ -521,13 +606,19 @@ class LedgerCollector:
     scrape, as the dashboard's ``/metrics`` does). When the read
     fails, the scrape still answers, with ``jobledger_up 0``, and ``on_error``
     hears why; with ``raise_errors`` the error propagates instead (one-shot use). With
-    ``audit``, every scrape runs the audits too (:func:`read_snapshot`).
+    ``audit``, every scrape runs the audits too (:func:`read_snapshot`). :meth:`text` reads a
+    ledger of :data:`PARTS_FROM_JOBS` jobs or more in ``parts`` parts at once, each on a
+    connection of ``connect`` (:func:`read_text`; 1: one connection, one part).
     """
 
     def __init__(self, connect: Callable[[], AbstractContextManager[psycopg.Connection[Any]]], *,
                  timeout: timedelta = DEFAULT_TIMEOUT, raise_errors: bool = False,
-                 on_error: Callable[[Exception], None] | None = None, audit: bool = False) -> None:
+                 on_error: Callable[[Exception], None] | None = None, audit: bool = False,
+                 parts: int = DEFAULT_PARTS) -> None:
+        if parts < 1:
+            raise ValueError("parts must be at least 1")
         self._connect = connect
+        self._parts = parts
         self._audit = audit
         self._timeout = timeout
         self._raise_errors = raise_errors
@@ -562,11 +653,12 @@ class LedgerCollector:
         directly: what ``jobledger metrics`` and the dashboard's ``/metrics`` answer)."""
         try:
             with self._connect() as conn:
-                body = read_text(conn, self._timeout, audit=self._audit)
+                pieces = _text_pieces(conn, self._timeout, self._audit, self._connect, self._parts, PARTS_FROM_JOBS)
         except psycopg.Error as error:
             self._failed(error)
             return text([("jobledger_up", "gauge", UP_HELP, (), [((), 0)])])
-        return text([("jobledger_up", "gauge", UP_HELP, (), [((), 1)])]) + body
+        # joined once: over 100,000 jobs each copy of the text is 72.7 MB
+        return b"".join([text([("jobledger_up", "gauge", UP_HELP, (), [((), 1)])]), *pieces])
 
 
 def registry(collector: LedgerCollector) -> CollectorRegistry:
@@ -577,9 +669,9 @@ def registry(collector: LedgerCollector) -> CollectorRegistry:
 
 
 def exposition(connect: Callable[[], psycopg.Connection[Any]],
-               timeout: timedelta = DEFAULT_TIMEOUT, *, audit: bool = False) -> str:
+               timeout: timedelta = DEFAULT_TIMEOUT, *, audit: bool = False, parts: int = DEFAULT_PARTS) -> str:
     """One scrape, as Prometheus text exposition; database errors propagate."""
-    return LedgerCollector(connect, timeout=timeout, raise_errors=True, audit=audit).text().decode()
+    return LedgerCollector(connect, timeout=timeout, raise_errors=True, audit=audit, parts=parts).text().decode()
 
 
 @dataclass

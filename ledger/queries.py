@@ -377,7 +377,11 @@ SELECT s.scheduler, s.host, s.pid, s.version,
 # job_status and job_health select from: counters, jobs and leases, one row of
 # each per job, never the log) and the alerts (the same rows again, grouped),
 # so that it costs microseconds per job however long the log is. `running`
-# is a live run (not a crashed one: that is its state).
+# is a live run (not a crashed one: that is its state). The jobs from
+# %(first)s to before %(end)s (NULL, NULL: every job; a part of a scrape in
+# parts, METRIC_PART_BOUNDS): the bounds are known when the statement is
+# planned (prepare=False), so a NULL one folds away and the other is a range
+# of each table's primary key.
 METRIC_JOBS = """
 SELECT s.job, s.state, s.consecutive_failures, s.runs_started, s.successes, s.failures, s.skipped_overlap,
        s.skipped_backfill,
@@ -391,8 +395,32 @@ SELECT s.job, s.state, s.consecutive_failures, s.runs_started, s.successes, s.fa
        s.failures::float8 / nullif(s.successes + s.failures, 0) AS failure_ratio,
        s.alerts
   FROM ledger._job_state AS s
+ WHERE (%(first)s::text IS NULL OR s.job >= %(first)s) AND (%(end)s::text IS NULL OR s.job < %(end)s)
  ORDER BY s.job
 """
+
+# A scrape of many jobs reads them in parts at once, each on a connection of its own
+# (ledger.metrics.read_text): the first job of each part after the first, so that each has
+# about as many jobs (none under %(from_jobs)s jobs: one part). Each bound is an index-only
+# walk of the state rows' primary key.
+METRIC_PART_BOUNDS = """
+SELECT b.job
+  FROM (SELECT count(*) AS jobs FROM ledger.counters) AS n
+ CROSS JOIN generate_series(1, %(parts)s - 1) AS p(part)
+ CROSS JOIN LATERAL (SELECT c.job FROM ledger.counters AS c
+                      ORDER BY c.job OFFSET n.jobs * p.part / %(parts)s LIMIT 1) AS b
+ WHERE n.jobs >= %(from_jobs)s
+ ORDER BY p.part
+"""
+
+# The snapshot the other parts of a scrape read (SET TRANSACTION SNAPSHOT), while this one is open.
+EXPORT_SNAPSHOT = "SELECT pg_catalog.pg_export_snapshot()"
+
+# Each part of a scrape in parts: the lines' float8 text as EXTRA_FLOAT_DIGITS sets it, and no
+# parallel workers (the parts are the parallelism: 100,000 jobs in two parts on two cores took
+# 0.85 to 0.92 s without workers, 1.02 to 1.06 s with them; BENCHMARKS.md).
+PART_SETTINGS = ("SELECT pg_catalog.set_config('extra_float_digits', '1', true),"
+                 " pg_catalog.set_config('max_parallel_workers_per_gather', '0', true)")
 
 # The schedulers for the metrics: every row (an expired one is a scheduler that died), how
 # long since its heartbeat, how many jobs it serves, whether it leads the upkeep now.
@@ -858,9 +886,9 @@ EXTRA_FLOAT_DIGITS = "SELECT pg_catalog.set_config('extra_float_digits', '1', tr
 
 
 def metric_job_text(columns: str, labels: str) -> str:
-    """The statement that writes every job's sample lines over ``METRIC_JOBS``, ordered by job,
-    and, last, the alerts by kind, ``{kind: count}`` (the kinds no job raises left out), counted
-    from each job's kinds (``ledger._job_state.alerts``, what ledger.alerts unnests) in the same
+    """The statement that writes the sample lines of ``METRIC_JOBS``' jobs (``%(first)s`` to
+    before ``%(end)s``), ordered by job, and, last, their alerts by kind, ``{kind: count}`` (the kinds no job raises left out), counted from
+    each job's kinds (``ledger._job_state.alerts``, what ledger.alerts unnests) in the same
     pass: each state row is read once. (The aggregate inside the subquery is the outer query's.)"""
     alert_counts = ("(SELECT coalesce(jsonb_object_agg(k.alert, k.n), '{}')\n"
                     "          FROM (SELECT a.alert, count(*) AS n\n"

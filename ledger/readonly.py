@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg import pq
+from psycopg import pq, sql
 
 __all__ = ["READER_ROLE", "read_only_transaction"]
 
@@ -24,8 +24,14 @@ READER_ROLE = "ledger_reader"
 
 
 @contextmanager
-def read_only_transaction(conn: psycopg.Connection[Any], timeout: timedelta) -> Iterator[psycopg.Cursor[Any]]:
+def read_only_transaction(conn: psycopg.Connection[Any], timeout: timedelta, *, repeatable_read: bool = False,
+                          snapshot: str | None = None) -> Iterator[psycopg.Cursor[Any]]:
     """A cursor in a transaction of its own that can only read, always rolled back.
+
+    With ``repeatable_read``, every statement of it reads one snapshot (REPEATABLE READ: a
+    read-only transaction meets no serialization failure); with ``snapshot``, that snapshot is
+    one another transaction exported (``pg_export_snapshot()``, while it is still open): two
+    connections read the same rows (a scrape in parts, :func:`ledger.metrics.read_text`).
 
     READ ONLY, ``SET LOCAL ROLE ledger_reader`` (SELECT on the ledger, no
     EXECUTE on its functions), ``statement_timeout`` = ``timeout`` per
@@ -42,7 +48,13 @@ def read_only_transaction(conn: psycopg.Connection[Any], timeout: timedelta) -> 
                          "each read runs in a read-only transaction of its own")
     milliseconds = max(1, round(timeout.total_seconds() * 1000))
     with conn.transaction(force_rollback=True), conn.cursor() as cur:
-        cur.execute("SET TRANSACTION READ ONLY", prepare=False)
+        if repeatable_read or snapshot is not None:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY", prepare=False)
+        else:
+            cur.execute("SET TRANSACTION READ ONLY", prepare=False)
+        if snapshot is not None:
+            # before the first query of the transaction, as PostgreSQL requires (no parameter: a literal)
+            cur.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)), prepare=False)
         cur.execute(f"SET LOCAL ROLE {READER_ROLE}", prepare=False)
         # jit off: the planner prices the views' PL/pgSQL calls high, so over
         # a few thousand jobs it would JIT-compile them, and the compilation

@@ -14,7 +14,7 @@ import psycopg
 
 from ledger.cli._options import DURATION, connect, dsn_option
 from ledger.cli._output import say
-from ledger.metrics import LedgerCollector, exposition, serve
+from ledger.metrics import DEFAULT_PARTS, PARTS_FROM_JOBS, LedgerCollector, serve
 from ledger.text import first_line
 
 
@@ -26,11 +26,14 @@ from ledger.text import first_line
               help="Address to bind with --serve  [default: 127.0.0.1; 0.0.0.0 for every interface]")
 @click.option("--timeout", type=DURATION, default="10s", show_default=True,
               help="statement_timeout of each query of a scrape.")
+@click.option("--parts", type=click.IntRange(1, 16), default=DEFAULT_PARTS, show_default=True,
+              help=f"Read a ledger of {PARTS_FROM_JOBS:,} jobs or more in this many ranges of jobs at once, "
+                   "each on a connection of its own, in one snapshot (1: one connection).")
 @click.option("--audit", is_flag=True,
               help="Also the audits, which read the whole log (seconds on a large one): "
                    "jobledger_state_differences (ledger.verify_state) and jobledger_duplicates.")
 @dsn_option
-def metrics(port: int | None, host: str | None, timeout: timedelta, audit: bool, dsn: str) -> None:
+def metrics(port: int | None, host: str | None, timeout: timedelta, parts: int, audit: bool, dsn: str) -> None:
     """Prometheus metrics of the ledger, read from each job's state row (text exposition format).
 
     Once on stdout, or on every scrape with --serve (stop with SIGTERM or Ctrl-C).
@@ -51,13 +54,15 @@ def metrics(port: int | None, host: str | None, timeout: timedelta, audit: bool,
     if port is None:
         if host is not None:
             raise click.UsageError("--host only applies with --serve PORT")
-        click.echo(exposition(open_connection, timeout, audit=audit), nl=False)
+        # the bytes as read (72.7 MB over 100,000 jobs: not decoded into text to be encoded again)
+        click.echo(LedgerCollector(open_connection, timeout=timeout, raise_errors=True, audit=audit,
+                                   parts=parts).text(), nl=False)
         return
 
     def scrape_failed(error: Exception) -> None:
         say(f"scrape failed, answering jobledger_up 0: {first_line(error)}")
 
-    collector = LedgerCollector(open_connection, timeout=timeout, on_error=scrape_failed, audit=audit)
+    collector = LedgerCollector(open_connection, timeout=timeout, on_error=scrape_failed, audit=audit, parts=parts)
     try:
         server = serve(collector, port, host or "127.0.0.1")
     except OSError as error:

@@ -26,6 +26,7 @@ from pgbouncer import Bouncer, pgbouncer  # noqa: F401 - the fixture
 
 from ledger import AsyncLedger, Ledger
 from ledger.errors import LedgerError, LedgerUnavailable
+from ledger.metrics import read_text
 
 THREADS = 4
 RUNS = 200
@@ -216,6 +217,24 @@ def test_status_report_metrics_and_demo_through_the_bouncer(pgbouncer: Bouncer, 
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert demo.stdout.rstrip("\n").splitlines()[-1] == "audit: ledger.overlaps has 0 rows"
     assert "problem:" not in demo.stdout and "unexpected" not in demo.stdout
+
+
+def test_a_scrape_in_parts_through_the_bouncer_writes_what_one_part_writes(pgbouncer: Bouncer, dsn, db):
+    # the other part's transaction imports the first's snapshot: both on server connections the
+    # bouncer picks, each within its transaction (SET TRANSACTION SNAPSHOT, then the read)
+    via = pgbouncer(dsn)
+    for name in ("a", "b", "c", "d", "e"):
+        db.execute("SELECT ledger.register_job(%s, ttl => '1 minute')", (name,))
+        run_id, token = db.execute("SELECT run_id, token FROM ledger.start_run(%s, 'bouncer')", (name,)).fetchone()
+        db.execute("SELECT ledger.complete_run(run_id => %s, token => %s)", (run_id, token))
+    with psycopg.connect(via, autocommit=True) as conn:
+        one = read_text(conn).decode()
+        for _ in range(3):
+            parted = read_text(conn, connect_part=lambda: psycopg.connect(via, autocommit=True), parts=2,
+                               parts_from_jobs=1).decode()
+            assert [line for line in parted.splitlines() if '{job="' in line] == [
+                line for line in one.splitlines() if '{job="' in line]
+    assert 'jobledger_job_state{job="e",state="ok"} 1.0' in one
 
 
 # -- a DSN that leads nowhere ------------------------------------------------------------
