@@ -264,7 +264,7 @@ def main() -> int:
               "exposition": "metrics exposition (`jobledger metrics`, whole text, connections opened: in parts "
                             "from 10,000 jobs)",
               "exposition, one part": "metrics exposition in one part (`--parts 1`: one connection)",
-              "exposition, open connection": "metrics exposition over an open connection (`read_text`)",
+              "exposition, open connection": "metrics exposition over an open connection, one part (`read_text`)",
               "python writer": "metrics exposition, Python writer (`text(samples(read_snapshot()))`)"}
     for name in ("job lines", "exposition", "exposition, one part", "exposition, open connection", "python writer",
                  "/api/jobs",
