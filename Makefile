@@ -4,12 +4,13 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv test test-fast typecheck demo bench bench-smoke sql docs sync sync-check clean
+.PHONY: help venv test test-fast test-field typecheck demo bench bench-smoke sql docs sync sync-check clean
 .PHONY: test-matrix test-matrix-ci pg-binaries
 
 help:
 	@echo "make demo       run the narrated demo on an embedded PostgreSQL"
-	@echo "make test       run the whole test suite in parallel (creates $(VENV) first; TEST_WORKERS=4)"
+	@echo "make test       mypy and the test suite in parallel, field and chaos aside (creates $(VENV) first; TEST_WORKERS=4)"
+	@echo "make test-field the field and chaos suites: PgBouncer, pg_cron, pg_auto_failover, crashes, clocks"
 	@echo "make typecheck  mypy --strict over ledger/"
 	@echo "make bench      benchmarks side by side with the raw SQL floor, into BENCHMARKS.md (minutes;"
 	@echo "                BENCH_DURATION=10 s per pgbench side, BENCH_ROUNDS=2, BENCH_JOBS=10000)"
@@ -37,16 +38,24 @@ $(STAMP): pyproject.toml ledger/__init__.py
 # The last line is the skip summary (tests/conftest.py); a failure adds one after it.
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# Their own targets: make test-field (field and chaos), make test-drivers (examples/).
+FIELD_AND_DRIVERS := --ignore=tests/field --ignore=tests/chaos --ignore=tests/drivers
 
 test: $(STAMP)
 	@pytest_status=0; mypy_status=0; \
 	$(VENV)/bin/mypy --strict ledger || mypy_status=$$?; \
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) --ignore=tests/drivers || pytest_status=$$?; \
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) $(FIELD_AND_DRIVERS) || pytest_status=$$?; \
 	if [ $$pytest_status -ne 0 ] || [ $$mypy_status -ne 0 ]; then \
 		echo "make test: pytest exit $$pytest_status, mypy exit $$mypy_status"; exit 1; fi
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not cluster" -x $(PYTEST_PARALLEL) --ignore=tests/drivers
+	$(PY) -m pytest -q -m "not cluster" -x $(PYTEST_PARALLEL) $(FIELD_AND_DRIVERS)
+
+# Where users run it (tests/field: PgBouncer, pg_cron, pg_auto_failover, crashes, skewed clocks,
+# the Node.js example) and the chaos suite: real daemons and clusters, minutes of waiting. CI runs
+# it after make test; the default suite stays under 8 minutes without it.
+test-field: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) tests/field tests/chaos
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict ledger

@@ -107,6 +107,9 @@ P = ParamSpec("P")
 
 AsyncConnection = psycopg.AsyncConnection[Any]
 
+ENDED_AS_BOUND = 5.0
+"""Seconds a heartbeat that found its run lost waits, at most, to read why (``_ended_as``)."""
+
 END_ATTEMPTS = 4
 """How many connections the end of a run is sent on, at most, while each one turns out broken.
 
@@ -574,7 +577,25 @@ class _AsyncHolding:
         bound = None if deadline is None else deadline.remaining()
         rows, sent = await self._control.call(query, params, dict_row, bound=bound)
         row = rows[0]
-        return Renewal(None if row["expires_at"] is None else row["time_left"], sent, row["ended_as"])
+        ended_as = row["ended_as"]
+        if row["expires_at"] is None and ended_as is None and params.get("run_id") is not None:
+            ended_as = await self._ended_as(params["run_id"])
+        return Renewal(None if row["expires_at"] is None else row["time_left"], sent, ended_as)
+
+    async def _ended_as(self, run_id: int) -> str | None:
+        """Why a run whose heartbeat answered NULL was lost, read by a statement of its own: the
+        heartbeat may have waited for the transaction that ended it (a cancel), which committed
+        after that statement's snapshot. None when it cannot tell (the run was not ended, or the
+        read failed: the loss stands, with the general reason)."""
+        assert self._control is not None
+        try:
+            rows, _ = await self._control.call(queries.RUN_ENDED_AS, {"run_id": run_id}, dict_row,
+                                               bound=ENDED_AS_BOUND)
+        except psycopg.Error as error:
+            log.debug("could not read why run %s was lost: %s", run_id, first_line(error))
+            return None
+        found: str | None = rows[0]["ended_as"] if rows else None
+        return found
 
     async def _stop_heartbeat(self) -> bool:
         """Stop the heartbeat; True when the lease is lost (or its deadline passed), which ends the deadline.

@@ -88,17 +88,21 @@ SELECT s.outcome, s.run_id, s.token, s.expires_at, s.slot, s.holder, s.holder_ex
   FROM ledger.start_due_run(job => %(job)s, owner => %(owner)s, ttl => %(ttl)s) AS s
 """
 
+# Why a run was lost: 'cancelled' when an operator asked, else its failure_reason (NULL: not ended).
+_ENDED_AS = """(SELECT CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE r.failure_reason END
+              FROM ledger.job_execution_log AS r WHERE r.run_id = %(run_id)s)"""
+
 # ended_as: why a heartbeat that answered NULL lost the run, read in the
-# same statement (its snapshot is the statement's: it sees what ended the
-# run before this call, and an operator's request to cancel).
-HEARTBEAT = """
+# same statement. Its snapshot is the statement's: it sees what ended the
+# run before this call, but not what committed while the heartbeat waited
+# for the run's row (a cancel in flight): then it is NULL, and RUN_ENDED_AS,
+# a statement of its own, reads it again.
+HEARTBEAT = f"""
 SELECT e AS expires_at, e - clock_timestamp() AS time_left,
-       CASE WHEN e IS NULL THEN
-           (SELECT CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE r.failure_reason END
-              FROM ledger.job_execution_log AS r WHERE r.run_id = %(run_id)s)
-       END AS ended_as
+       CASE WHEN e IS NULL THEN {_ENDED_AS} END AS ended_as
   FROM ledger.heartbeat(run_id => %(run_id)s, token => %(token)s, ttl => %(ttl)s) AS e
 """
+RUN_ENDED_AS = f"SELECT {_ENDED_AS} AS ended_as"
 
 COMPLETE_RUN = f"""
 SELECT {RUN_COLUMNS}

@@ -18,7 +18,8 @@ import itertools
 import os
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import psycopg
 import pytest
@@ -136,12 +137,43 @@ def ledger_template(pg_server: Server) -> Iterator[str]:
         yield name
 
 
+@dataclass
+class Drops:
+    """The tests' databases, dropped behind them on a thread of the worker's own, one at a time: a
+    DROP DATABASE waits for a checkpoint (about 100 ms, 2,200 times a suite), and the next test
+    need not wait for it. The session's end waits for every drop, and fails on one that failed."""
+
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "drop-test-database"))
+    pending: list[Future[None]] = field(default_factory=list)
+
+    def drop(self, janitor: DatabaseJanitor) -> None:
+        self.pending.append(self.pool.submit(janitor.drop))
+
+    def wait(self) -> None:
+        self.pool.shutdown(wait=True)
+        for done in self.pending:
+            done.result()  # a drop that failed fails here, with its error
+
+
+@pytest.fixture(scope="session")
+def drops(pg_server: Server) -> Iterator[Drops]:
+    """Torn down before pg_server (it depends on it): every drop done before the server stops."""
+    found = Drops()
+    yield found
+    found.wait()
+
+
 @pytest.fixture
-def dsn(pg_server: Server, ledger_template: str) -> Iterator[str]:
-    """A fresh clone of the template for this test; its conninfo string."""
+def dsn(pg_server: Server, ledger_template: str, drops: Drops) -> Iterator[str]:
+    """A fresh clone of the template for this test; its conninfo string. Dropped after the test,
+    in the background (:class:`Drops`): the test's own connections are closed by then."""
     name = f"ledger_test_{os.getpid()}_{next(_counter)}"
-    with _janitor(pg_server, name, template_dbname=ledger_template):
+    janitor = _janitor(pg_server, name, template_dbname=ledger_template)
+    janitor.init()
+    try:
         yield pg_server.dsn(name)
+    finally:
+        drops.drop(janitor)
 
 
 @pytest.fixture

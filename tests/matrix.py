@@ -260,8 +260,8 @@ def write_docs(results: list[Result], tests: list[str], command: str) -> Path:
 The ledger is meant to run on PostgreSQL {VERSIONS[0]} to {VERSIONS[-1]}. `make test-matrix` runs the
 SQL-level test suite on each of those major versions, one after another, and rewrites this page;
 CI runs `make test-matrix-ci`, the same on the oldest and the newest ({VERSIONS[0]} and {VERSIONS[-1]}).
-`make test` runs the whole suite, client and CLI included, on the default server (Debian's
-PostgreSQL 15).
+`make test` runs the whole suite, client and CLI included, and `make test-field` the field and chaos
+tests, on the default server (Debian's PostgreSQL 15).
 
 ## Last run
 

@@ -294,6 +294,31 @@ def test_metrics_are_the_collectors_read_from_the_state_rows(site):
         assert _promtool_problems(body) == []
 
 
+def test_metrics_of_a_ledger_read_in_parts_take_the_second_connection_from_the_pool(ledger_db, monkeypatch):
+    # every ledger this size is read in two parts (the threshold lowered to 1 job): the other
+    # part's connection comes from the dashboard's pool, and the text is the one-part text
+    dsn, _ = ledger_db
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        one = metrics.read_text(conn).decode()
+    monkeypatch.setattr(metrics, "PARTS_FROM_JOBS", 1)
+    read, ranges = metrics._read_job_text, []
+
+    def reading(cur: psycopg.Cursor, first: str | None, end: str | None) -> Any:
+        ranges.append((first, end, cur.connection.info.backend_pid))
+        return read(cur, first, end)
+
+    monkeypatch.setattr(metrics, "_read_job_text", reading)
+    with BackgroundServer(create_app(dsn, metrics_cache=timedelta(0))) as server:
+        status, _, body = get(server.url + "/metrics")
+    assert status == 200
+    # two ranges that meet at one bound, on two backends
+    [(_, bound, first_pid), (start, end, other_pid)] = sorted(ranges, key=lambda r: r[0] is not None)
+    assert start == bound and end is None and bound is not None and first_pid != other_pid
+    steady = [line for line in one.splitlines() if '{job="' in line and "running_seconds" not in line]
+    assert [line for line in body.splitlines() if '{job="' in line and "running_seconds" not in line] == steady
+    assert "jobledger_up 1.0" in body
+
+
 # -- access --------------------------------------------------------------------------
 
 def test_loopback_needs_no_credentials_and_anything_else_does():
