@@ -1,7 +1,7 @@
 """max_concurrent: up to N live runs of a job at once, each in its own seat with its own token."""
 
 import threading
-import time
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -83,11 +83,13 @@ def test_a_slot_and_a_key_succeed_at_most_once_with_two_seats(db):
     assert rows(db, "SELECT * FROM ledger.duplicates") == []
 
 
-def test_a_crashed_seat_shows_crashed_and_the_next_start_closes_it_as_lease_expired(db):
+def test_a_crashed_seat_shows_crashed_and_the_next_start_closes_it_as_lease_expired(db, ledger_clock):
     register(db, "pair", 2)
-    a = start(db, "pair", "w1", ttl="50 milliseconds")
-    b = start(db, "pair", "w2")
-    time.sleep(0.15)
+    # the ledger's clock moves past w1's ttl, not w2's: a sleep past a short ttl let a loaded
+    # machine start w2 after w1's lease had expired, in w1's seat
+    a = start(db, "pair", "w1", ttl="1 minute")
+    b = start(db, "pair", "w2", ttl="1 hour")
+    ledger_clock.advance(timedelta(minutes=2))
     assert value(db, "SELECT state FROM ledger.job_health WHERE job = 'pair'") == "crashed"
     assert value(db, "SELECT ledger.is_current('pair', %s)", (a["token"],)) is False
     c = start(db, "pair", "w3")
@@ -105,11 +107,13 @@ def test_a_crashed_seat_shows_crashed_and_the_next_start_closes_it_as_lease_expi
     assert rows(db, "SELECT * FROM ledger.verify_state()") == []
 
 
-def test_reap_expired_closes_the_expired_seat_only(db):
+def test_reap_expired_closes_the_expired_seat_only(db, ledger_clock):
     register(db, "pair", 2)
-    a = start(db, "pair", "w1", ttl="50 milliseconds")
-    b = start(db, "pair", "w2")
-    time.sleep(0.15)
+    # the ledger's clock moves past w1's ttl, not w2's: a sleep past a short ttl let a loaded
+    # machine start w2 after w1's lease had expired, in w1's seat
+    a = start(db, "pair", "w1", ttl="1 minute")
+    b = start(db, "pair", "w2", ttl="1 hour")
+    ledger_clock.advance(timedelta(minutes=2))
     assert value(db, "SELECT ledger.reap_expired('pair')") == 1
     assert value(db, "SELECT status FROM ledger.job_execution_log WHERE run_id = %s", (a["run_id"],)) == "failure"
     assert value(db, "SELECT status FROM ledger.job_execution_log WHERE run_id = %s", (b["run_id"],)) == "running"
@@ -321,11 +325,11 @@ def test_job_health_still_reads_no_log_row_with_seats(db):
     assert "job_execution_log" not in plan
 
 
-def test_an_acquire_that_takes_a_crashed_seat_closes_its_run_first(db):
+def test_an_acquire_that_takes_a_crashed_seat_closes_its_run_first(db, ledger_clock):
     register(db, "pair", 2, ttl="1 minute")
-    a = start(db, "pair", "w1", ttl="50 milliseconds")
-    start(db, "pair", "w2")
-    time.sleep(0.15)
+    a = start(db, "pair", "w1", ttl="1 minute")
+    start(db, "pair", "w2", ttl="1 hour")
+    ledger_clock.advance(timedelta(minutes=2))
     assert value(db, "SELECT state FROM ledger.job_health WHERE job = 'pair'") == "crashed"
     assert one(db, "SELECT * FROM ledger.acquire('pair', 'h1')") is not None
     assert one(db, "SELECT status, failure_reason FROM ledger.job_execution_log WHERE run_id = %s",
