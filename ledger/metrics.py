@@ -210,7 +210,7 @@ def read_snapshot(conn: psycopg.Connection[Any], timeout: timedelta = DEFAULT_TI
     Nothing is prepared (``prepare=False``), whatever the connection's
     ``prepare_threshold``: a scrape works behind a transaction pooler.
     """
-    with read_only_transaction(conn, timeout) as cur:
+    with read_only_transaction(conn, timeout, repeatable_read=True) as cur:  # one snapshot for every statement
         jobs = [JobRow(*row) for row in cur.execute(queries.METRIC_JOBS, EVERY_JOB, prepare=False).fetchall()]
         # the alerts by kind from the same rows (each job's kinds: what ledger.alerts unnests)
         return _read_rest(cur, jobs, dict(Counter(kind for job in jobs for kind in job.alerts)), audit)
