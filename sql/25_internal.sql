@@ -417,14 +417,18 @@ $$;
 -- Count a skip without a WAL flush and without waiting past `wait` for a
 -- skip row, which another open transaction may hold (the skip path holds no
 -- lease row lock; an end folding the job's skips holds the rows it folds
--- until its commit): ledger._lock_wait(), or a few milliseconds when the
--- caller already waited that long for the lease row. Its first step is the
--- plain UPDATE of the caller's shard's row, which the hot path's callers
--- (ledger._start) try inline first, a call less per skip; the rest is for
--- a row that is missing or held. A held row sends the count to a spare row of the
--- same shard (shard + 16, + 32, + 48: rows nobody holds, or new ones), so a
--- skip is counted even while an end folds; only when all four are held does
--- it wait for its own. A count lost at that wait is harmless; a hang is not.
+-- until its commit; another skip of the same shard holds its row until its
+-- own commit): ledger._lock_wait(), or a few milliseconds when the caller
+-- already waited that long for the lease row. Its first step is the plain
+-- UPDATE of the caller's shard's row, which the hot path's callers
+-- (ledger._start) try inline first, a call less per skip; the rest is for a
+-- row that is missing or held. A held row sends the count to a spare row of
+-- the same shard (shard + 16, + 32, + 48: rows nobody holds, or new ones).
+-- A row that exists is never INSERTed over: ON CONFLICT waits for the
+-- transaction that holds the row it conflicts with, and that wait timing
+-- out is what lost counts under 64 clients. Only when all four are held
+-- does it wait for its own. A count lost at that wait is harmless; a hang
+-- is not.
 CREATE FUNCTION ledger._count_skip(job text, wait text)
 RETURNS void
 LANGUAGE plpgsql
@@ -435,33 +439,46 @@ DECLARE
     v_wait  text := current_setting('lock_timeout');
     v_shard smallint;
 BEGIN
-    BEGIN
-        PERFORM set_config('lock_timeout', wait, true);
-        FOR v_spare IN 0 .. 3 LOOP
-            v_shard := (pg_backend_pid() % 16 + 16 * v_spare)::smallint;
-            UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + 1
-              FROM (SELECT t.job, t.shard FROM ledger.skip_counts t
-                     WHERE t.job = _count_skip.job AND t.shard = v_shard
-                       FOR UPDATE SKIP LOCKED) free_
-             WHERE s.job = free_.job AND s.shard = free_.shard;
-            IF NOT FOUND THEN
-                -- no row, or a held one: DO NOTHING waits for no row lock
-                INSERT INTO ledger.skip_counts (job, shard, skipped_overlap)
-                VALUES (_count_skip.job, v_shard, 1)
-                ON CONFLICT ON CONSTRAINT skip_counts_pkey DO NOTHING;
-            END IF;
+    PERFORM set_config('lock_timeout', wait, true);
+    FOR v_spare IN 0 .. 3 LOOP
+        v_shard := (pg_backend_pid() % 16 + 16 * v_spare)::smallint;
+        UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + 1
+          FROM (SELECT t.job, t.shard FROM ledger.skip_counts t
+                 WHERE t.job = _count_skip.job AND t.shard = v_shard
+                   FOR UPDATE SKIP LOCKED) free_
+         WHERE s.job = free_.job AND s.shard = free_.shard;
+        IF FOUND THEN
+            PERFORM set_config('lock_timeout', v_wait, true);
+            RETURN;
+        END IF;
+        -- A row that exists is held (by an end folding it, or by another
+        -- skip of this shard): try the next. An INSERT there, even with DO
+        -- NOTHING, would wait for its holder to commit.
+        CONTINUE WHEN EXISTS (SELECT FROM ledger.skip_counts t
+                               WHERE t.job = _count_skip.job AND t.shard = v_shard);
+        -- A missing row: the INSERT waits only for another transaction
+        -- inserting this very row, within the bound; past it, the next.
+        BEGIN
+            INSERT INTO ledger.skip_counts (job, shard, skipped_overlap)
+            VALUES (_count_skip.job, v_shard, 1)
+            ON CONFLICT ON CONSTRAINT skip_counts_pkey DO NOTHING;
             IF FOUND THEN
                 PERFORM set_config('lock_timeout', v_wait, true);
                 RETURN;
             END IF;
-        END LOOP;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END LOOP;
+    -- All four held: wait for the own row, within the bound.
+    BEGIN
         INSERT INTO ledger.skip_counts AS s (job, shard, skipped_overlap)
         VALUES (_count_skip.job, (pg_backend_pid() % 16)::smallint, 1)
         ON CONFLICT ON CONSTRAINT skip_counts_pkey DO UPDATE SET skipped_overlap = s.skipped_overlap + 1;
-        PERFORM set_config('lock_timeout', v_wait, true);
     EXCEPTION WHEN lock_not_available THEN
         NULL;
     END;
+    PERFORM set_config('lock_timeout', v_wait, true);
 END
 $$;
 

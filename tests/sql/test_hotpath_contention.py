@@ -138,3 +138,31 @@ def test_a_skip_whose_count_row_an_end_holds_is_counted_in_a_spare_row(connect, 
     db.execute("SELECT ledger.complete_run(%s, %s)", (holder["run_id"], holder["token"]))
     assert value(db, "SELECT skipped_overlap FROM ledger.counters WHERE job = 'hot'") == 3
     assert value(db, "SELECT count(*) FROM ledger.verify_state()") == 0
+
+
+def test_a_skip_whose_shard_row_another_open_skip_holds_is_counted_and_does_not_wait_for_it(connect, db):
+    """Another skip of the same shard holds its row (its UPDATE, uncommitted) while this one skips:
+    the count goes to a spare row at once. Before, an INSERT ... ON CONFLICT DO NOTHING onto the held
+    row waited for its holder's commit, timed out, and dropped the count (the 64-client test then
+    counted a skip too few now and then)."""
+    db.execute("SELECT ledger.register_job('hot', ttl => '1 hour')")
+    holder = one(db, "SELECT * FROM ledger.start_run('hot', 'holder')")
+    skipper = connect(autocommit=True)
+    assert one(skipper, "SELECT * FROM ledger.start_run('hot', 'other')")["outcome"] == "skipped_overlap"
+    shard = value(skipper, "SELECT (pg_backend_pid() % 16)::smallint")
+    # What a skip of another backend of the same shard does, its transaction still open.
+    other = connect(autocommit=False)
+    other.execute("UPDATE ledger.skip_counts SET skipped_overlap = skipped_overlap + 1"
+                  " WHERE job = 'hot' AND shard = %s", (shard,))
+    skipper.execute("SET lock_timeout = '30s'")  # the caller's own bound, restored after each skip
+    for _ in range(2):
+        assert one(skipper, "SELECT * FROM ledger.start_run('hot', 'other')")["outcome"] == "skipped_overlap"
+        assert value(skipper, "SHOW lock_timeout") == "30s"
+    # Both counted in the spare row while the other transaction still holds the shard's row.
+    assert rows(db, "SELECT shard, skipped_overlap FROM ledger.skip_counts WHERE job = 'hot' ORDER BY shard") == \
+        [{"shard": shard, "skipped_overlap": 1}, {"shard": shard + 16, "skipped_overlap": 2}]
+    other.commit()
+    assert value(db, "SELECT skipped_overlap FROM ledger.job_counters WHERE job = 'hot'") == 4
+    db.execute("SELECT ledger.complete_run(%s, %s)", (holder["run_id"], holder["token"]))
+    assert value(db, "SELECT skipped_overlap FROM ledger.counters WHERE job = 'hot'") == 4
+    assert value(db, "SELECT count(*) FROM ledger.verify_state()") == 0
