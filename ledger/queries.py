@@ -577,7 +577,7 @@ SELECT h.state, h.since, h.reason
 # The sparklines: the newest `per_job` runs of each of these jobs (an index scan each).
 WEB_LAST_RUNS = """
 SELECT k.job, r.run_id, r.owner, r.token, r.slot, r.status, r.failure_reason, r.started_at, r.completed_at,
-       extract(epoch FROM coalesce(r.completed_at, now()) - r.started_at)::float8 AS seconds,
+       extract(epoch FROM coalesce(r.completed_at, ledger._view_now()) - r.started_at)::float8 AS seconds,
        left(r.error, 200) AS error
   FROM unnest(%(jobs)s::text[]) AS k(job)
  CROSS JOIN LATERAL (
@@ -594,7 +594,7 @@ SELECT k.job, r.run_id, r.owner, r.token, r.slot, r.status, r.failure_reason, r.
 # started in the window, and the running run wherever it started.
 WEB_WINDOW_RUNS = """
 SELECT w.run_id, w.owner, w.token, w.slot, w.status, w.failure_reason, w.started_at, w.completed_at,
-       extract(epoch FROM coalesce(w.completed_at, now()) - w.started_at)::float8 AS seconds,
+       extract(epoch FROM coalesce(w.completed_at, ledger._view_now()) - w.started_at)::float8 AS seconds,
        left(w.error, 200) AS error
   FROM ((SELECT r.run_id, r.owner, r.token, r.slot, r.status, r.failure_reason, r.started_at,
                 r.completed_at, r.error
@@ -662,7 +662,7 @@ SELECT t.ttl, t.longest_run, t.recommended_min, t.recommended_max, t.renew_every
 
 # The run page: every column of its log row, and how long it ran (so far).
 WEB_RUN = f"""
-SELECT {RUN_COLUMNS}, coalesce(r.completed_at, now()) - r.started_at AS duration
+SELECT {RUN_COLUMNS}, coalesce(r.completed_at, ledger._view_now()) - r.started_at AS duration
   FROM ledger.job_execution_log AS r
  WHERE r.run_id = %(run_id)s
 """
@@ -682,7 +682,7 @@ SELECT (SELECT p.run_id FROM ledger.job_execution_log AS p
 # The job's lease as it is now (a run's token is current while it matches a live lease).
 WEB_LEASE = """
 SELECT l.owner, l.token, l.ttl, l.acquired_at, l.expires_at, l.released_at, l.timeline,
-       (l.released_at IS NULL AND l.expires_at > now()) AS live,
+       (l.released_at IS NULL AND l.expires_at > ledger._view_now()) AS live,
        l.multi, coalesce(j.max_concurrent, 1) AS max_concurrent
   FROM ledger.leases AS l
   LEFT JOIN ledger.jobs AS j ON j.job = l.job
@@ -693,7 +693,7 @@ SELECT l.owner, l.token, l.ttl, l.acquired_at, l.expires_at, l.released_at, l.ti
 # job's row in ledger.leases is then only its token counter.
 WEB_SEATS = """
 SELECT s.seat, s.owner, s.token, s.ttl, s.acquired_at, s.expires_at, s.released_at, s.run_id,
-       (s.released_at IS NULL AND s.expires_at > now()) AS live
+       (s.released_at IS NULL AND s.expires_at > ledger._view_now()) AS live
   FROM ledger.lease_seats AS s
  WHERE s.job = %(job)s
  ORDER BY s.seat
