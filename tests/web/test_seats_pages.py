@@ -58,4 +58,3 @@ def test_a_single_holder_jobs_page_reads_no_seats(dsn: str, db: psycopg.Connecti
         assert f"held by host-a, token {run[1]}" in _get(server.url + "/jobs/single")
         found = _json(server.url + f"/api/runs/{run[0]}")
         assert found["token_is_current"] is True and found["seat"] is None
-
