@@ -290,7 +290,7 @@ COMMENT ON TABLE ledger.counters IS 'Each known job''s state row: its counters a
 -- writes only this UNLOGGED table, so its commit waits for no disk, and it
 -- issues no token. One row per job and backend shard (pg_backend_pid() % 16),
 -- so concurrent skippers of one hot job rarely wait for each other, and a
--- few spare rows per shard (ledger._count_skip: shard + 16, + 32, + 48) for
+-- few spare rows per shard (ledger._count_skips: shard + 16, + 32, + 48) for
 -- a skip whose row another transaction holds (an end folding it). The
 -- ending of a run folds the job's pending skips into ledger.counters (rows it
 -- can lock without waiting); a crash loses at most the skips not folded yet

@@ -428,8 +428,11 @@ $$;
 -- transaction that holds the row it conflicts with, and that wait timing
 -- out is what lost counts under 64 clients. Only when all four are held
 -- does it wait for its own. A count lost at that wait is harmless; a hang
--- is not.
-CREATE FUNCTION ledger._count_skip(job text, wait text)
+-- is not. Every count of a skip comes here (ledger._start tries this
+-- first step inline): a start's skip (ledger._count_skip, below) and the
+-- scheduler's overlap skips of slots and triggers, which before wrote the
+-- row themselves and waited, unbounded, for whoever held it.
+CREATE FUNCTION ledger._count_skips(job text, wait text, skips bigint)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -442,9 +445,9 @@ BEGIN
     PERFORM set_config('lock_timeout', wait, true);
     FOR v_spare IN 0 .. 3 LOOP
         v_shard := (pg_backend_pid() % 16 + 16 * v_spare)::smallint;
-        UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + 1
+        UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + skips
           FROM (SELECT t.job, t.shard FROM ledger.skip_counts t
-                 WHERE t.job = _count_skip.job AND t.shard = v_shard
+                 WHERE t.job = _count_skips.job AND t.shard = v_shard
                    FOR UPDATE SKIP LOCKED) free_
          WHERE s.job = free_.job AND s.shard = free_.shard;
         IF FOUND THEN
@@ -455,12 +458,12 @@ BEGIN
         -- skip of this shard): try the next. An INSERT there, even with DO
         -- NOTHING, would wait for its holder to commit.
         CONTINUE WHEN EXISTS (SELECT FROM ledger.skip_counts t
-                               WHERE t.job = _count_skip.job AND t.shard = v_shard);
+                               WHERE t.job = _count_skips.job AND t.shard = v_shard);
         -- A missing row: the INSERT waits only for another transaction
         -- inserting this very row, within the bound; past it, the next.
         BEGIN
             INSERT INTO ledger.skip_counts (job, shard, skipped_overlap)
-            VALUES (_count_skip.job, v_shard, 1)
+            VALUES (_count_skips.job, v_shard, skips)
             ON CONFLICT ON CONSTRAINT skip_counts_pkey DO NOTHING;
             IF FOUND THEN
                 PERFORM set_config('lock_timeout', v_wait, true);
@@ -473,12 +476,24 @@ BEGIN
     -- All four held: wait for the own row, within the bound.
     BEGIN
         INSERT INTO ledger.skip_counts AS s (job, shard, skipped_overlap)
-        VALUES (_count_skip.job, (pg_backend_pid() % 16)::smallint, 1)
-        ON CONFLICT ON CONSTRAINT skip_counts_pkey DO UPDATE SET skipped_overlap = s.skipped_overlap + 1;
+        VALUES (_count_skips.job, (pg_backend_pid() % 16)::smallint, skips)
+        ON CONFLICT ON CONSTRAINT skip_counts_pkey DO UPDATE SET skipped_overlap = s.skipped_overlap + skips;
     EXCEPTION WHEN lock_not_available THEN
         NULL;
     END;
     PERFORM set_config('lock_timeout', v_wait, true);
+END
+$$;
+
+-- One skip of a start (ledger._start, ledger._start_seat), counted as above.
+CREATE FUNCTION ledger._count_skip(job text, wait text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM ledger._count_skips(job, wait, 1);
 END
 $$;
 

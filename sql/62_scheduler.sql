@@ -165,9 +165,7 @@ BEGIN
     IF reason = 'start_deadline' THEN
         PERFORM ledger._set_state(job, 'skipped_deadline', slots => v_count);
     ELSE
-        INSERT INTO ledger.skip_counts AS s (job, shard, skipped_overlap)
-        VALUES (_record_skipped.job, (pg_backend_pid() % 16)::smallint, v_count)
-        ON CONFLICT ON CONSTRAINT skip_counts_pkey DO UPDATE SET skipped_overlap = s.skipped_overlap + excluded.skipped_overlap;
+        PERFORM ledger._count_skips(job, ledger._lock_wait(), v_count);
     END IF;
 END
 $$;
@@ -286,9 +284,7 @@ BEGIN
      WHERE t.trigger_id = _skip_trigger.trigger_id AND t.status = 'pending'
     RETURNING t.job INTO v_job;
     IF FOUND AND reason = 'overlap' THEN
-        INSERT INTO ledger.skip_counts AS s (job, shard, skipped_overlap)
-        VALUES (v_job, (pg_backend_pid() % 16)::smallint, 1)
-        ON CONFLICT ON CONSTRAINT skip_counts_pkey DO UPDATE SET skipped_overlap = s.skipped_overlap + 1;
+        PERFORM ledger._count_skips(v_job, ledger._lock_wait(), 1);
     END IF;
 END
 $$;

@@ -2280,46 +2280,33 @@ DECLARE
     v_wait  text := current_setting('lock_timeout');
     v_shard smallint;
 BEGIN
-    PERFORM set_config('lock_timeout', wait, true);
-    FOR v_spare IN 0 .. 3 LOOP
-        v_shard := (pg_backend_pid() % 16 + 16 * v_spare)::smallint;
-        UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + 1
-          FROM (SELECT t.job, t.shard FROM ledger.skip_counts t
-                 WHERE t.job = _count_skip.job AND t.shard = v_shard
-                   FOR UPDATE SKIP LOCKED) free_
-         WHERE s.job = free_.job AND s.shard = free_.shard;
-        IF FOUND THEN
-            PERFORM set_config('lock_timeout', v_wait, true);
-            RETURN;
-        END IF;
-        -- A row that exists is held (by an end folding it, or by another
-        -- skip of this shard): try the next. An INSERT there, even with DO
-        -- NOTHING, would wait for its holder to commit.
-        CONTINUE WHEN EXISTS (SELECT FROM ledger.skip_counts t
-                               WHERE t.job = _count_skip.job AND t.shard = v_shard);
-        -- A missing row: the INSERT waits only for another transaction
-        -- inserting this very row, within the bound; past it, the next.
-        BEGIN
-            INSERT INTO ledger.skip_counts (job, shard, skipped_overlap)
-            VALUES (_count_skip.job, v_shard, 1)
-            ON CONFLICT ON CONSTRAINT skip_counts_pkey DO NOTHING;
+    BEGIN
+        PERFORM set_config('lock_timeout', wait, true);
+        FOR v_spare IN 0 .. 3 LOOP
+            v_shard := (pg_backend_pid() % 16 + 16 * v_spare)::smallint;
+            UPDATE ledger.skip_counts s SET skipped_overlap = s.skipped_overlap + 1
+              FROM (SELECT t.job, t.shard FROM ledger.skip_counts t
+                     WHERE t.job = _count_skip.job AND t.shard = v_shard
+                       FOR UPDATE SKIP LOCKED) free_
+             WHERE s.job = free_.job AND s.shard = free_.shard;
+            IF NOT FOUND THEN
+                -- no row, or a held one: DO NOTHING waits for no row lock
+                INSERT INTO ledger.skip_counts (job, shard, skipped_overlap)
+                VALUES (_count_skip.job, v_shard, 1)
+                ON CONFLICT ON CONSTRAINT skip_counts_pkey DO NOTHING;
+            END IF;
             IF FOUND THEN
                 PERFORM set_config('lock_timeout', v_wait, true);
                 RETURN;
             END IF;
-        EXCEPTION WHEN lock_not_available THEN
-            NULL;
-        END;
-    END LOOP;
-    -- All four held: wait for the own row, within the bound.
-    BEGIN
+        END LOOP;
         INSERT INTO ledger.skip_counts AS s (job, shard, skipped_overlap)
         VALUES (_count_skip.job, (pg_backend_pid() % 16)::smallint, 1)
         ON CONFLICT ON CONSTRAINT skip_counts_pkey DO UPDATE SET skipped_overlap = s.skipped_overlap + 1;
+        PERFORM set_config('lock_timeout', v_wait, true);
     EXCEPTION WHEN lock_not_available THEN
         NULL;
     END;
-    PERFORM set_config('lock_timeout', v_wait, true);
 END
 $function$;
 

@@ -46,7 +46,8 @@ def test_a_client_role_cannot_call_internal_helpers_that_touch_tables(db, app_ro
     db.execute(f"SET ROLE {app_role}")
     for call in ("ledger._set_state('nightly', 'recomputed')", "ledger._close_run(1, 'superseded', now())",
                  "ledger._newest_done_slot('nightly')", "ledger._lock_lease('nightly', 'o', '1 hour', 1)",
-                 "ledger._count_skip('nightly', '1s')", "ledger._already_done('nightly', now(), NULL)"):
+                 "ledger._count_skip('nightly', '1s')", "ledger._count_skips('nightly', '1s', 5)",
+                 "ledger._already_done('nightly', now(), NULL)"):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             db.execute(f"SELECT {call}")
 
