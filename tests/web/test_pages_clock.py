@@ -25,7 +25,7 @@ def test_the_pages_read_the_ledgers_clock_so_a_lease_past_its_ttl_is_not_live_th
         dsn: str, db: psycopg.Connection, ledger_clock: LedgerClock) -> None:
     """The job page's lease and seats, the run page's token and a running run's duration read
     ledger._view_now(), the views' clock: once the ledger's time is past a ttl, the page that calls
-    the job crashed does not show its lease live (before, they read now(): the process's time)."""
+    the job crashed does not show its lease live (before, they read now(): the server's time, not the ledger's)."""
     db.execute("SELECT ledger.register_job('single', ttl => '10 minutes')")
     db.execute("SELECT ledger.register_job('fanout', ttl => '10 minutes', max_concurrent => 2)")
     single = db.execute("SELECT run_id, token FROM ledger.start_run('single', 'host-a')").fetchone()
